@@ -1,0 +1,119 @@
+"""ddl: topology-aware allreduce for data-parallel training, after IBM's Distributed Deep Learning library.
+
+    import ddl
+    grads = ddl.allreduce(grads, op="avg")
+
+The first call initialises ddl on MPI's world communicator when the process was started by mpiexec/mpirun
+(or on ``ddl.init(comm=...)``'s communicator); started plainly, ddl runs alone with size 1 and MPI is never
+initialised. Collectives must be called in the same order on every rank, as in MPI; ranks whose arguments
+differ all raise MismatchError. Importing ddl never imports TensorFlow, Keras or PyTorch.
+"""
+from __future__ import annotations
+
+import os
+
+from . import options as _options
+from .communicator import Communicator
+from .errors import DDLError, MismatchError, TransportError
+
+__all__ = [
+    "init", "finalize", "initialized", "communicator", "rank", "size", "local_rank", "local_size", "num_hosts",
+    "allreduce", "allreduce_n", "broadcast", "bcast", "allgather", "barrier",
+    "DDLError", "MismatchError", "TransportError", "Communicator",
+]
+
+_world: Communicator | None = None
+
+# Set by the launchers of Open MPI, MPICH/Hydra, PMIx and Slurm's PMI: the process belongs to an MPI job.
+_LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
+
+
+def _launched_by_mpi() -> bool:
+    return any(v in os.environ for v in _LAUNCHER_VARIABLES)
+
+
+def init(comm=None, options: str | None = None) -> Communicator:
+    """Initialises ddl (idempotent). ``comm``: an mpi4py communicator (default: MPI.COMM_WORLD when launched
+    by MPI). ``options``: IBM DDL's option string (default: $DDL_OPTIONS), e.g. ``"-mode r -check 1e-5"``.
+    Calling it again with other arguments after ddl is initialised is an error: finalize() first."""
+    global _world
+    if _world is not None:
+        if comm is None and options is None:
+            return _world
+        raise DDLError("ddl is already initialised (perhaps implicitly by an earlier call); call "
+                       "ddl.finalize() before ddl.init() with other arguments")
+    opts = _options.parse(options)
+    if comm is None and _launched_by_mpi():
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    _world = Communicator.from_mpi(comm, opts) if comm is not None else Communicator(None, 0, 1, opts)
+    return _world
+
+
+def initialized() -> bool:
+    return _world is not None
+
+
+def finalize() -> None:
+    """Releases ddl's communicator (MPI itself is finalised by mpi4py at exit). ddl.init() may follow."""
+    global _world
+    if _world is not None:
+        _world.close()
+        _world = None
+
+
+def communicator() -> Communicator:
+    """The communicator behind the module-level functions (initialising ddl if needed)."""
+    return _world if _world is not None else init()
+
+
+def rank() -> int:
+    return communicator().rank
+
+
+def size() -> int:
+    return communicator().size
+
+
+def local_rank() -> int:
+    """Rank among the processes of this host (shared-memory domain)."""
+    return communicator().local_rank
+
+
+def local_size() -> int:
+    return communicator().local_size
+
+
+def num_hosts() -> int:
+    return communicator().num_hosts
+
+
+def allreduce(array, op: str = "sum", out=None):
+    """Reduces ``array`` across ranks with op 'sum', 'avg', 'prod', 'min' or 'max'. Returns a new array of
+    the same shape and dtype, or writes ``out`` (which may be ``array`` itself, for in place). Non-contiguous
+    input is copied first. dtypes: float16, bfloat16 (ml_dtypes), float32, float64, int32, int64; 'avg' is
+    for floating types only."""
+    return communicator().allreduce(array, op, out)
+
+
+def allreduce_n(arrays, op: str = "sum"):
+    """Reduces many arrays in one fused allreduce per dtype; returns the reduced arrays in order."""
+    return communicator().allreduce_n(arrays, op)
+
+
+def broadcast(array, root: int = 0):
+    """Returns root's ``array`` on every rank."""
+    return communicator().broadcast(array, root)
+
+
+bcast = broadcast
+
+
+def allgather(array):
+    """Concatenates every rank's ``array`` along the first axis, in rank order (first dims may differ)."""
+    return communicator().allgather(array)
+
+
+def barrier() -> None:
+    communicator().barrier()

@@ -1,0 +1,165 @@
+"""Generators of flat (single-level) schedules. Each takes (rank, nranks, count, ...) and returns that rank's
+Program alone, so a rank never builds the world's schedule; ``schedule()`` assembles all ranks for the checker.
+
+Names used below: p ranks; pof2 = the largest power of two <= p; rem = p - pof2. Non-powers of two are
+handled by the usual fold: the first 2*rem ranks pair up, each even one hands its data to the odd one above
+it (round 0) and gets the result back at the end, so pof2 "active" ranks run the power-of-two algorithm.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .schedule import Collective, Op, Program, Schedule, Step, number_tags
+
+
+def split(count: int, parts: int) -> list[tuple[int, int]]:
+    """(offset, count) of ``parts`` nearly equal pieces of ``count`` elements; the first pieces are never
+    smaller than the last, and pieces may be empty when count < parts."""
+    bounds = [count * i // parts for i in range(parts + 1)]
+    return [(bounds[i], bounds[i + 1] - bounds[i]) for i in range(parts)]
+
+
+def _program(rank: int, rounds: int, steps: list[Step], keep_empty: bool = False) -> Program:
+    """Empty messages are dropped (both sides drop the same ones), unless they carry something besides data:
+    the agreement round's header rides in recursive doubling even when there is no payload."""
+    return Program(rank, number_tags([s for s in steps if keep_empty or s.count > 0]), rounds)
+
+
+# -- allreduce ---------------------------------------------------------------------------------------------
+
+
+def ring_allreduce(rank: int, p: int, count: int) -> Program:
+    """Reduce-scatter then allgather around the ring r -> r+1: 2(p-1) rounds, each moving count/p elements.
+    After reduce-scatter round k, rank r holds chunk (r-k-1) reduced over k+2 ranks; after p-1 rounds it owns
+    chunk (r+1) fully reduced, which the allgather passes on."""
+    chunks = split(count, p)
+    right, left = (rank + 1) % p, (rank - 1) % p
+    steps = []
+    for k in range(p - 1):
+        send, recv = chunks[(rank - k) % p], chunks[(rank - k - 1) % p]
+        steps += [Step(k, Op.SEND, right, *send), Step(k, Op.RECV_REDUCE, left, *recv)]
+    for k in range(p - 1):
+        send, recv = chunks[(rank + 1 - k) % p], chunks[(rank - k) % p]
+        r = p - 1 + k
+        steps += [Step(r, Op.SEND, right, *send), Step(r, Op.RECV_COPY, left, *recv)]
+    return _program(rank, 2 * (p - 1), steps)
+
+
+def _fold(rank: int, p: int) -> tuple[int, int, int]:
+    """(pof2, rem, new rank among the pof2 active ranks or -1 for a rank that folded its data away)."""
+    pof2 = 1 << (p.bit_length() - 1)
+    rem = p - pof2
+    if rank < 2 * rem:
+        return pof2, rem, rank // 2 if rank % 2 else -1
+    return pof2, rem, rank - rem
+
+
+def _real_rank(new: int, rem: int) -> int:
+    return 2 * new + 1 if new < rem else new + rem
+
+
+def _fold_steps(rank: int, rem: int, count: int, last_round: int) -> list[Step]:
+    """Round 0: even ranks below 2*rem hand their data up; round last_round: the result comes back."""
+    if rank >= 2 * rem:
+        return []
+    if rank % 2 == 0:
+        return [Step(0, Op.SEND, rank + 1, 0, count), Step(last_round, Op.RECV_COPY, rank + 1, 0, count)]
+    return [Step(0, Op.RECV_REDUCE, rank - 1, 0, count), Step(last_round, Op.SEND, rank - 1, 0, count)]
+
+
+def recursive_doubling_allreduce(rank: int, p: int, count: int, keep_empty: bool = False) -> Program:
+    """Latency-optimal for small counts: log2(pof2) rounds, each exchanging the whole vector with the partner
+    whose new rank differs in one bit (plus the fold rounds when p is not a power of two)."""
+    pof2, rem, new = _fold(rank, p)
+    shift = 1 if rem else 0
+    levels = pof2.bit_length() - 1
+    rounds = levels + 2 * shift
+    steps = _fold_steps(rank, rem, count, rounds - 1)
+    if new >= 0:
+        for i in range(levels):
+            peer = _real_rank(new ^ (1 << i), rem)
+            steps += [Step(i + shift, Op.SEND, peer, 0, count), Step(i + shift, Op.RECV_REDUCE, peer, 0, count)]
+    return _program(rank, rounds, steps, keep_empty)
+
+
+def rabenseifner_allreduce(rank: int, p: int, count: int) -> Program:
+    """Recursive halving reduce-scatter, then recursive doubling allgather (Rabenseifner): 2*log2(pof2) rounds
+    moving 2(pof2-1)/pof2 of the vector per active rank; the fold adds two rounds moving the whole vector."""
+    pof2, rem, new = _fold(rank, p)
+    shift = 1 if rem else 0
+    levels = pof2.bit_length() - 1
+    rounds = 2 * levels + 2 * shift
+    steps = _fold_steps(rank, rem, count, rounds - 1)
+    if new >= 0:
+        chunks = split(count, pof2)
+
+        def span(lo: int, hi: int) -> tuple[int, int]:  # elements of chunks [lo, hi)
+            start = chunks[lo][0]
+            return start, (chunks[hi - 1][0] + chunks[hi - 1][1] - start) if hi > lo else 0
+
+        lo, hi = 0, pof2
+        for i in range(levels):  # halving: the bit from the top picks the half a rank keeps
+            mask = pof2 >> (i + 1)
+            peer = _real_rank(new ^ mask, rem)
+            mid = (lo + hi) // 2
+            keep, give = ((lo, mid), (mid, hi)) if new & mask == 0 else ((mid, hi), (lo, mid))
+            r = i + shift
+            steps += [Step(r, Op.SEND, peer, *span(*give)), Step(r, Op.RECV_REDUCE, peer, *span(*keep))]
+            lo, hi = keep
+        for i in range(levels):  # doubling: trade owned ranges back, lowest bit first
+            mask = 1 << i
+            peer = _real_rank(new ^ mask, rem)
+            width = hi - lo
+            other = (lo - width, lo) if new & mask else (hi, hi + width)
+            r = levels + i + shift
+            steps += [Step(r, Op.SEND, peer, *span(lo, hi)), Step(r, Op.RECV_COPY, peer, *span(*other))]
+            lo, hi = min(lo, other[0]), max(hi, other[1])
+    return _program(rank, rounds, steps)
+
+
+ALLREDUCE: dict[str, Callable[[int, int, int], Program]] = {
+    "ring": ring_allreduce,
+    "rabenseifner": rabenseifner_allreduce,
+    "recursive_doubling": recursive_doubling_allreduce,
+}
+
+
+# -- broadcast and allgather --------------------------------------------------------------------------------
+
+
+def binomial_broadcast(rank: int, p: int, count: int, root: int) -> Program:
+    """Binomial tree from root: in round i every rank that has the data sends it 2**i ranks further on."""
+    rounds = (p - 1).bit_length()
+    vr = (rank - root) % p
+    steps = []
+    for i in range(rounds):
+        mask = 1 << i
+        if vr < mask and vr + mask < p:
+            steps.append(Step(i, Op.SEND, (vr + mask + root) % p, 0, count))
+        elif mask <= vr < 2 * mask:
+            steps.append(Step(i, Op.RECV_COPY, (vr - mask + root) % p, 0, count))
+    return _program(rank, rounds, steps)
+
+
+def ring_allgather(rank: int, p: int, layout: tuple[tuple[int, int], ...]) -> Program:
+    """Rank r's piece is layout[r] = (offset, count) of the output; in round k rank r forwards piece r-k to
+    its right neighbour and receives piece r-k-1 from its left: p-1 rounds."""
+    right, left = (rank + 1) % p, (rank - 1) % p
+    steps = []
+    for k in range(p - 1):
+        steps += [Step(k, Op.SEND, right, *layout[(rank - k) % p]),
+                  Step(k, Op.RECV_COPY, left, *layout[(rank - k - 1) % p])]
+    return _program(rank, p - 1, steps)
+
+
+def schedule(collective: Collective, algorithm: str, p: int, count: int, root: int = 0,
+             layout: tuple[tuple[int, int], ...] = ()) -> Schedule:
+    """Every rank's program, for the checker, the tests and dumps (ranks compile their own at run time)."""
+    if collective is Collective.ALLREDUCE:
+        gen = ALLREDUCE[algorithm]
+        programs = tuple(gen(r, p, count) for r in range(p))
+    elif collective is Collective.BROADCAST:
+        programs = tuple(binomial_broadcast(r, p, count, root) for r in range(p))
+    else:
+        programs = tuple(ring_allgather(r, p, layout) for r in range(p))
+    return Schedule(collective, algorithm, p, count, programs, root, layout)

@@ -1,0 +1,358 @@
+"""A group of ranks and the collectives ddl runs on it.
+
+Every collective starts with an *agreement round*: a recursive-doubling exchange whose messages carry a hash
+of each rank's call (collective, shape, dtype, op, root, and the settings that shape the plan). Each receive
+merges the hashes by max and -min, so afterwards every rank knows whether all ranks made the same call. When
+they did not, every rank learns what each rank called and raises MismatchError; nothing is reduced. Small
+payloads ride in the agreement round itself (one latency-optimal exchange, nothing extra); large ones follow
+in a pipelined plan chosen by the cost model. A rank whose arguments are invalid still takes part, with its
+error as its call, so its peers raise too instead of waiting for a message that never comes.
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+import threading
+import time
+from collections import OrderedDict
+
+import numpy as np
+
+from . import _native, cost
+from .algorithms import ALLREDUCE, binomial_broadcast, recursive_doubling_allreduce, ring_allgather
+from .dtypes import FLOATING, native_dtype, native_op
+from .errors import DDLError, MismatchError
+from .options import Options, parse
+from .plan import CompiledPlan, compile_blocks, native_program
+
+# Bytes of payload every agreement receive accepts, whatever a rank's own call: a rank with a different call
+# can then never overflow a receive. DDL_SMALL_BYTES is capped here.
+AGREEMENT_CAPACITY = 65536
+REPORT_BYTES = 256  # per rank, when ranks disagree and tell each other what they called
+PLAN_CACHE_SIZE = 256
+_BYTE = _native.DType.uint8
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def default_block_bytes(nbytes: int) -> int:
+    """Pipeline block size: blocks large enough that per-message costs stay small, and at least 4 blocks
+    for large buffers so that reducing one block overlaps moving the next."""
+    return min(4 << 20, max(256 << 10, nbytes // 4))
+
+
+class Communicator:
+    """Runs ddl's collectives among the ranks of one executor (MPI or loopback) or alone (size 1)."""
+
+    def __init__(self, executor, rank: int, size: int, options: Options | None = None, mpi_comm=None,
+                 local: tuple[int, int, int] | None = None):
+        self.options = options or parse()
+        self._executor = executor
+        self._mpi = mpi_comm  # kept alive for the executor; also the reference for -check
+        self.rank, self.size = rank, size
+        self.local_rank, self.local_size, self.num_hosts = local or (rank, size, 1)
+        self._plans: OrderedDict = OrderedDict()
+        self._hashes: dict = {}
+        self._lock = threading.Lock()
+        self._calls, self._call_seconds = 0, 0.0
+        self._small = min(self.options.small_bytes, AGREEMENT_CAPACITY)
+        if self.options.mode is not None:
+            self.options.mode.check_size(size)
+        # Settings that shape plans must match across ranks: they go into every call's hash.
+        o = self.options
+        self._settings = f"algo={o.algo} segment={o.segment} inflight={o.inflight} small={self._small}"
+
+    # -- construction -----------------------------------------------------------------------------------
+
+    @classmethod
+    def from_mpi(cls, comm, options: Options | None = None) -> "Communicator":
+        """ddl on an mpi4py communicator; it works on a private duplicate so its messages never meet yours."""
+        from mpi4py import MPI
+
+        dup = comm.Dup()
+        local = dup.Split_type(MPI.COMM_TYPE_SHARED)
+        hosts = dup.allreduce(1 if local.rank == 0 else 0)
+        where = (local.rank, local.size, hosts)
+        local.Free()
+        executor = _native.Executor.mpi(dup) if dup.size > 1 else None
+        return cls(executor, dup.rank, dup.size, options, mpi_comm=dup, local=where)
+
+    @classmethod
+    def loopback(cls, hub: "_native.LoopbackHub", rank: int, options: Options | None = None) -> "Communicator":
+        """One rank of an in-process group (ranks are threads); for tests without MPI."""
+        return cls(_native.Executor.loopback(hub, rank), rank, hub.size, options)
+
+    def close(self) -> None:
+        self._executor = None
+        if self._mpi is not None:
+            self._mpi.Free()
+            self._mpi = None
+
+    # -- the agreement round ----------------------------------------------------------------------------
+
+    def _call_hash(self, call: str) -> int:
+        h = self._hashes.get(call)
+        if h is None:
+            if len(self._hashes) > 4 * PLAN_CACHE_SIZE:
+                self._hashes.clear()
+            h = self._hashes[call] = _hash64(f"{call} | {self._settings}")
+        return h
+
+    def _plan(self, key, build) -> CompiledPlan:
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = build()
+            self._plans[key] = plan
+            if len(self._plans) > PLAN_CACHE_SIZE:
+                self._plans.popitem(last=False)
+            if self.options.dbg_level >= 1 and self.rank == 0:
+                print(f"[ddl] plan {key}: {plan.algorithm}, {plan.nblocks} block(s) of {plan.block_elems} "
+                      f"elements, {plan.inflight} in flight", file=sys.stderr)
+        return plan
+
+    def _agree(self, call: str, problem: str | None, work: np.ndarray, dtype, op) -> None:
+        """The agreement round; ``work`` (possibly empty) is reduced in it. Raises on every rank if ranks
+        disagree, or if they all agree on the same invalid call."""
+        h = self._call_hash(problem or call)
+        count = work.size
+        plan = self._plan(("agree", count), lambda: compile_blocks(
+            lambda n: recursive_doubling_allreduce(self.rank, self.size, n, keep_empty=True),
+            count, max(count, 1), 1, "recursive_doubling"))
+        merged = self._executor.run_header(plan.native, work, dtype, op, self.options.timeout, call,
+                                           h, -h, AGREEMENT_CAPACITY)
+        if merged != (h, -h):
+            self._report_mismatch(problem or call)
+        if problem:
+            raise DDLError(f"rank {self.rank}: {problem}")
+
+    def _report_mismatch(self, mine: str) -> None:
+        """All ranks are here together: exchange what each called (fixed-size, in one agreement-free
+        reduction of disjoint slots), then raise the same MismatchError everywhere."""
+        slots = np.zeros(self.size * REPORT_BYTES, dtype=np.uint8)
+        text = mine.encode()[:REPORT_BYTES]
+        slots[self.rank * REPORT_BYTES:self.rank * REPORT_BYTES + len(text)] = np.frombuffer(text, np.uint8)
+        words = slots.view(np.int64)
+        self._run_allreduce(words, _native.DType.int64, _native.ReduceOp.sum, "ddl mismatch report")
+        calls: dict[str, list[int]] = {}
+        for r in range(self.size):
+            raw = slots[r * REPORT_BYTES:(r + 1) * REPORT_BYTES].tobytes().rstrip(b"\0")
+            calls.setdefault(raw.decode(errors="replace"), []).append(r)
+        detail = "; ".join(f"ranks {_ranges(rs)}: {c}" for c, rs in calls.items())
+        raise MismatchError(f"rank {self.rank}: ranks called ddl differently: {detail}")
+
+    # -- plans ------------------------------------------------------------------------------------------
+
+    def _allreduce_algorithm(self, nbytes: int) -> str:
+        if self.options.algo != "auto":
+            return self.options.algo
+        return cost.choose(self.size, nbytes)
+
+    def _run_allreduce(self, flat: np.ndarray, dtype, op, label: str) -> None:
+        """ddl's own allreduce of a contiguous 1-D buffer, in place, with no agreement round."""
+        if flat.size == 0:
+            return
+        algo = self._allreduce_algorithm(flat.nbytes)
+        block = self.options.segment or default_block_bytes(flat.nbytes)
+        gen = ALLREDUCE[algo]
+        plan = self._plan(("allreduce", algo, flat.size, flat.itemsize), lambda: compile_blocks(
+            lambda n: gen(self.rank, self.size, n), flat.size, max(1, block // flat.itemsize),
+            self.options.inflight, algo))
+        self._executor.run(plan.native, flat, dtype, op, self.options.timeout, label)
+
+    def _fused(self, nbytes: int) -> bool:
+        return nbytes <= self._small and self.options.algo in ("auto", "recursive_doubling")
+
+    # -- collectives ------------------------------------------------------------------------------------
+
+    def allreduce(self, array, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
+        started = time.perf_counter() if self.options.dump_iter else 0.0
+        a = np.asarray(array)
+        problem, dtype, rop = None, None, None
+        try:
+            dtype, rop = native_dtype(a.dtype), native_op(op, a.dtype)
+            _check_out(out, a)
+        except DDLError as e:
+            problem = str(e)
+        if self.size == 1:
+            if problem:
+                raise DDLError(f"rank {self.rank}: {problem}")
+            return _deliver(np.array(a, order="C"), out)
+        call = f"allreduce(shape={a.shape}, dtype={a.dtype}, op={op})"
+        original = a.copy() if self.options.check is not None else a
+        fused = problem is None and self._fused(a.nbytes)
+        with self._lock:
+            work = np.array(a, order="C").reshape(-1) if fused else np.empty(0, np.float32)
+            self._agree(call, problem, work, dtype if fused else _native.DType.float32,
+                        rop if fused else _native.ReduceOp.sum)
+            if not fused:
+                work = _work_buffer(a, out)
+                self._run_allreduce(work, dtype, rop, call)
+            if op == "avg":
+                _native.scale(work, dtype, 1.0 / self.size)
+            if self.options.check is not None:
+                self._check_against_mpi(original, work, op, call)
+        result = _deliver(work.reshape(a.shape), out)
+        if self.options.dump_iter:
+            self._dump(time.perf_counter() - started, a.nbytes)
+        return result
+
+    def allreduce_n(self, arrays, op: str = "sum") -> list[np.ndarray]:
+        """Many arrays in one allreduce per dtype: packed into one buffer, reduced, unpacked (IBM's name)."""
+        arrays = [np.asarray(x) for x in arrays]
+        out: list[np.ndarray | None] = [None] * len(arrays)
+        groups: dict[str, list[int]] = {}
+        for i, x in enumerate(arrays):
+            groups.setdefault(x.dtype.str, []).append(i)
+        for key in sorted(groups):  # same order on every rank
+            idx = groups[key]
+            packed = np.concatenate([arrays[i].reshape(-1) for i in idx]) if idx else None
+            reduced = self.allreduce(packed, op)
+            start = 0
+            for i in idx:
+                n = arrays[i].size
+                out[i] = reduced[start:start + n].reshape(arrays[i].shape)
+                start += n
+        return out  # type: ignore[return-value]
+
+    def broadcast(self, array, root: int = 0) -> np.ndarray:
+        """A copy of root's array on every rank (any fixed-size dtype; every rank passes the same shape)."""
+        a = np.asarray(array)
+        problem = None
+        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            problem = f"broadcast root {root!r} is not a rank of this communicator (0..{self.size - 1})"
+        elif a.dtype.hasobject:
+            problem = f"cannot broadcast dtype {a.dtype} (objects have no fixed size)"
+        if self.size == 1:
+            if problem:
+                raise DDLError(f"rank {self.rank}: {problem}")
+            return np.array(a, order="C")
+        call = f"broadcast(shape={a.shape}, dtype={a.dtype}, root={root})"
+        result = np.array(a, order="C")
+        data = result.reshape(-1).view(np.uint8)
+        with self._lock:
+            self._agree(call, problem, np.empty(0, np.uint8), _BYTE, _native.ReduceOp.sum)
+            block = self.options.segment or default_block_bytes(data.size)
+            plan = self._plan(("broadcast", data.size, root), lambda: compile_blocks(
+                lambda n: binomial_broadcast(self.rank, self.size, n, root), data.size, block,
+                self.options.inflight, "binomial"))
+            self._executor.run(plan.native, data, _BYTE, _native.ReduceOp.sum, self.options.timeout, call)
+        return result
+
+    bcast = broadcast
+
+    def allgather(self, array) -> np.ndarray:
+        """Every rank's array concatenated along the first axis, in rank order (first dims may differ)."""
+        a = np.asarray(array)
+        problem = None
+        if a.ndim == 0:
+            problem = "allgather needs at least one dimension (it concatenates along the first)"
+        elif a.dtype.hasobject:
+            problem = f"cannot allgather dtype {a.dtype} (objects have no fixed size)"
+        if self.size == 1:
+            if problem:
+                raise DDLError(f"rank {self.rank}: {problem}")
+            return np.array(a, order="C")
+        call = f"allgather(shape=(*, {', '.join(map(str, a.shape[1:]))}), dtype={a.dtype})"
+        rows = np.zeros(self.size, dtype=np.int64)
+        rows[self.rank] = a.shape[0] if a.ndim else 0
+        with self._lock:
+            if rows.nbytes <= self._small:
+                self._agree(call, problem, rows, _native.DType.int64, _native.ReduceOp.sum)
+            else:
+                self._agree(call, problem, np.empty(0, np.int64), _native.DType.int64, _native.ReduceOp.sum)
+                self._run_allreduce(rows, _native.DType.int64, _native.ReduceOp.sum, call)
+            row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+            ends = np.cumsum(rows) * row_bytes
+            layout = tuple((int(e - n * row_bytes), int(n * row_bytes)) for e, n in zip(ends, rows))
+            result = np.empty((int(rows.sum()),) + a.shape[1:], dtype=a.dtype)
+            data = result.reshape(-1).view(np.uint8)
+            off, n = layout[self.rank]
+            data[off:off + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+            program = ring_allgather(self.rank, self.size, layout)
+            plan = _native.Plan([native_program(program)], np.zeros((1, 2), np.int64), 1)
+            self._executor.run(plan, data, _BYTE, _native.ReduceOp.sum, self.options.timeout, call)
+        return result
+
+    def barrier(self) -> None:
+        """Returns once every rank has entered the barrier (an agreement round with no data)."""
+        if self.size == 1:
+            return
+        with self._lock:
+            self._agree("barrier()", None, np.empty(0, np.uint8), _BYTE, _native.ReduceOp.sum)
+
+    # -- diagnostics ------------------------------------------------------------------------------------
+
+    def _check_against_mpi(self, original: np.ndarray, result: np.ndarray, op: str, call: str) -> None:
+        """IBM DDL's -check TOL: MPI_Allreduce of the same input on a copy; every rank raises on a difference."""
+        from mpi4py import MPI
+
+        if self._mpi is None:
+            raise DDLError("-check needs an MPI communicator to compare with")
+        wide = original.astype(np.float64 if original.dtype.name in FLOATING else original.dtype).reshape(-1)
+        ref = np.empty_like(wide)
+        mpi_op = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}[op]
+        self._mpi.Allreduce(wide, ref, op=mpi_op)
+        if op == "avg":
+            ref = ref / self.size
+        got = result.reshape(-1).astype(ref.dtype)
+        bad = np.abs(got - ref) > self.options.check * np.maximum(np.abs(ref), np.finfo(np.float64).tiny)
+        nbad = int(np.count_nonzero(bad))
+        worst = self._mpi.allreduce((nbad, self.rank), op=MPI.MAXLOC)
+        if worst[0]:
+            raise DDLError(f"rank {self.rank}: -check {self.options.check}: {call} differs from MPI_Allreduce "
+                           f"in {worst[0]} elements on rank {worst[1]} (and {nbad} here)")
+
+    def _dump(self, seconds: float, nbytes: int) -> None:
+        """IBM DDL's -dump_iter N: every N allreduce calls, rank 0 prints the mean time per call."""
+        self._calls += 1
+        self._call_seconds += seconds
+        if self._calls % self.options.dump_iter == 0:
+            if self.rank == 0:
+                mean = self._call_seconds / self.options.dump_iter
+                print(f"[ddl] iter {self._calls}: allreduce {mean * 1e6:.1f} us per call over the last "
+                      f"{self.options.dump_iter} (last {nbytes} bytes)", file=sys.stderr)
+            self._call_seconds = 0.0
+
+
+def _check_out(out, a: np.ndarray) -> None:
+    if out is None:
+        return
+    if not isinstance(out, np.ndarray):
+        raise DDLError(f"out must be a numpy array, not {type(out).__name__}")
+    if not out.flags.writeable:
+        raise DDLError("out is read-only")
+    if out.shape != a.shape or out.dtype != a.dtype:
+        raise DDLError(f"out has shape {out.shape} and dtype {out.dtype}; the input has {a.shape}, {a.dtype}")
+
+
+def _work_buffer(a: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """The flat buffer the plan runs on: out itself when it can be (in place), else a fresh C-ordered copy."""
+    if out is not None and out.flags.c_contiguous:
+        if out is not a and not np.shares_memory(out, a):
+            np.copyto(out, a)
+        elif out is not a:
+            np.copyto(out, a.copy())
+        return out.reshape(-1)
+    return np.array(a, order="C").reshape(-1)
+
+
+def _deliver(result: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    if out is None:
+        return result
+    if not np.shares_memory(result, out) or result.ctypes.data != out.ctypes.data:
+        np.copyto(out, result)
+    return out
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'"""
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(f"{start}-{r}" if r > start else f"{r}")
+            start = None
+    return ",".join(parts)

@@ -1,0 +1,35 @@
+"""Every DDL_* environment variable, declared once with its default and meaning (mpi4py's rc, NCCL_PARAM).
+
+Read at ddl.init(); DDL_OPTIONS entries (see ddl.options) override these.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str
+    meaning: str
+
+    def get(self, environ=os.environ) -> str:
+        return environ.get(self.name, self.default)
+
+
+SETTINGS = {
+    s.name: s
+    for s in (
+        Setting("DDL_OPTIONS", "", "IBM DDL option string: -mode, -dump_iter, -dbg_level, -check, ... (see README)"),
+        Setting("DDL_TIMEOUT", "300", "seconds a collective may go without any progress before it fails naming the peer"),
+        Setting("DDL_ALGO", "auto", "force the flat allreduce algorithm: auto, ring, rabenseifner, recursive_doubling"),
+        Setting("DDL_SEGMENT_BYTES", "auto", "bytes per pipeline block for large messages (auto: chosen by the planner)"),
+        Setting("DDL_INFLIGHT", "2", "pipeline blocks in flight at once"),
+        Setting("DDL_SMALL_BYTES", "4096", "largest payload carried in the agreement round itself (latency path)"),
+    )
+}
+
+
+def get(name: str, environ=os.environ) -> str:
+    return SETTINGS[name].get(environ)

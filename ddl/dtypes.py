@@ -1,0 +1,39 @@
+"""Which numpy dtypes and reduction ops ddl supports, and their codes in the native executor."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _native
+from .errors import DDLError
+
+# bfloat16 is recognised by name: ml_dtypes (as used by JAX and TensorFlow) provides it for numpy.
+_DTYPES = {
+    "float16": _native.DType.float16,
+    "bfloat16": _native.DType.bfloat16,
+    "float32": _native.DType.float32,
+    "float64": _native.DType.float64,
+    "int32": _native.DType.int32,
+    "int64": _native.DType.int64,
+}
+FLOATING = {"float16", "bfloat16", "float32", "float64"}
+
+# "avg" is sum, then a scale by 1/size; it is refused for integers rather than silently truncated.
+_OPS = {"sum": _native.ReduceOp.sum, "avg": _native.ReduceOp.sum, "prod": _native.ReduceOp.prod,
+        "min": _native.ReduceOp.min, "max": _native.ReduceOp.max}
+OPS = tuple(_OPS)
+
+
+def native_dtype(dtype: np.dtype) -> "_native.DType":
+    code = _DTYPES.get(dtype.name)
+    if code is None or dtype.byteorder == ">":
+        raise DDLError(f"unsupported dtype {dtype} (supported: {', '.join(_DTYPES)}, native byte order)")
+    return code
+
+
+def native_op(op: str, dtype: np.dtype) -> "_native.ReduceOp":
+    code = _OPS.get(op) if isinstance(op, str) else None
+    if code is None:
+        raise DDLError(f"unknown reduction op {op!r} (supported: {', '.join(_OPS)})")
+    if op == "avg" and dtype.name not in FLOATING:
+        raise DDLError(f"op 'avg' is not defined for {dtype} (integers would truncate); use 'sum' and divide")
+    return code

@@ -1,0 +1,13 @@
+"""ddl's two kinds of failure (after gloo): usage errors and transport errors."""
+
+
+class DDLError(Exception):
+    """Something was wrong with a call: bad input, arguments that differ across ranks, a bad option or plan."""
+
+
+class MismatchError(DDLError):
+    """Ranks called the same collective with different shapes, dtypes, ops or roots (raised on every rank)."""
+
+
+class TransportError(DDLError):
+    """A peer died or a deadline passed. The communicator is unusable: ddl.finalize() and ddl.init() again."""

@@ -1,0 +1,133 @@
+"""IBM DDL's option string (DDL_OPTIONS, ``ddl.init(options=...)``) plus ddl's own options.
+
+IBM's grammar: ``-mode <letter>[:<dims>]`` (letters r n b c m p; dims AxBxCxD, one per tier, innermost
+first), ``-dump_iter N``, ``-dev_sync 0|1|2``, ``-rebind_iter N``, ``-dbg_level 0|1|2``, ``-check TOL``.
+ddl adds ``-timeout S``, ``-algo NAME``, ``-segment BYTES``, ``-inflight N``. Options not given fall back to
+the DDL_* variables of ddl.config.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field, replace
+
+from . import config
+from .errors import DDLError
+
+MODE_LETTERS = {
+    "r": "ring only",
+    "n": "NCCL where possible, else ring",
+    "b": "enhanced NCCL where possible, else ring",
+    "c": "RCS only",
+    "m": "MPI reduce_scatter + allgatherv",
+    "p": "explore: measure and pick the best per dimension",
+}
+ALGORITHMS = ("auto", "ring", "rabenseifner", "recursive_doubling")
+
+
+@dataclass(frozen=True)
+class Mode:
+    letter: str
+    dims: tuple[int, ...] = ()
+
+    def check_size(self, size: int) -> None:
+        """IBM DDL's error when the tiers do not multiply to the number of ranks."""
+        product = 1
+        for d in self.dims:
+            product *= d
+        if self.dims and product != size:
+            dims = " ".join(f"dim[{i}]={d}" for i, d in enumerate(self.dims))
+            raise DDLError(f"invalid dim size={product} usr_size={size} {dims}")
+
+
+@dataclass(frozen=True)
+class Options:
+    mode: Mode | None = None
+    dump_iter: int = 0
+    dev_sync: int = 0
+    rebind_iter: int = 0
+    dbg_level: int = 0
+    check: float | None = None
+    timeout: float = 300.0
+    algo: str = "auto"
+    segment: int | None = None      # bytes per pipeline block; None: the planner decides
+    inflight: int = 2
+    small_bytes: int = 4096
+    extra: dict = field(default_factory=dict)
+
+
+def parse_mode(text: str) -> Mode:
+    m = re.fullmatch(r"([a-z])(?::(\d+(?:x\d+)*))?", text)
+    if not m or m.group(1) not in MODE_LETTERS:
+        raise DDLError(f"bad -mode {text!r}: expected <letter>[:AxBx...] with letter one of "
+                       f"{', '.join(MODE_LETTERS)}")
+    dims = tuple(int(d) for d in m.group(2).split("x")) if m.group(2) else ()
+    if any(d < 1 for d in dims):
+        raise DDLError(f"bad -mode {text!r}: every dimension must be at least 1")
+    return Mode(m.group(1), dims)
+
+
+def _number(name: str, value: str, kind=int, low=0):
+    try:
+        v = kind(value)
+    except ValueError:
+        raise DDLError(f"option -{name} expects a number, got {value!r}") from None
+    if v < low:
+        raise DDLError(f"option -{name} must be at least {low}, got {value!r}")
+    return v
+
+
+def _from_environment(environ) -> Options:
+    seg = config.get("DDL_SEGMENT_BYTES", environ)
+    algo = config.get("DDL_ALGO", environ)
+    if algo not in ALGORITHMS:
+        raise DDLError(f"DDL_ALGO={algo!r}: expected one of {', '.join(ALGORITHMS)}")
+    return Options(
+        timeout=_number("timeout (DDL_TIMEOUT)", config.get("DDL_TIMEOUT", environ), float, 0.001),
+        algo=algo,
+        segment=None if seg == "auto" else _number("segment (DDL_SEGMENT_BYTES)", seg, int, 1),
+        inflight=_number("inflight (DDL_INFLIGHT)", config.get("DDL_INFLIGHT", environ), int, 1),
+        small_bytes=_number("small (DDL_SMALL_BYTES)", config.get("DDL_SMALL_BYTES", environ), int, 0),
+    )
+
+
+# option name -> (field, converter)
+_PARSERS = {
+    "mode": ("mode", parse_mode),
+    "dump_iter": ("dump_iter", lambda v: _number("dump_iter", v)),
+    "dev_sync": ("dev_sync", lambda v: _number("dev_sync", v)),
+    "rebind_iter": ("rebind_iter", lambda v: _number("rebind_iter", v)),
+    "dbg_level": ("dbg_level", lambda v: _number("dbg_level", v)),
+    "check": ("check", lambda v: _number("check", v, float)),
+    "timeout": ("timeout", lambda v: _number("timeout", v, float, 0.001)),
+    "algo": ("algo", lambda v: v if v in ALGORITHMS else _bad_algo(v)),
+    "segment": ("segment", lambda v: _number("segment", v, int, 1)),
+    "inflight": ("inflight", lambda v: _number("inflight", v, int, 1)),
+}
+
+
+def _bad_algo(v):
+    raise DDLError(f"option -algo {v!r}: expected one of {', '.join(ALGORITHMS)}")
+
+
+def parse(text: str | None = None, environ=os.environ) -> Options:
+    """Options from ``text`` (default: $DDL_OPTIONS) over the DDL_* defaults. Unknown options are an error."""
+    if text is None:
+        text = config.get("DDL_OPTIONS", environ)
+    opts = _from_environment(environ)
+    tokens = shlex.split(text or "")
+    i = 0
+    while i < len(tokens):
+        name = tokens[i].lstrip("-")
+        if not tokens[i].startswith("-") or name not in _PARSERS:
+            raise DDLError(f"unknown DDL option {tokens[i]!r} in {text!r} (known: "
+                           f"{', '.join('-' + k for k in _PARSERS)})")
+        if i + 1 >= len(tokens):
+            raise DDLError(f"DDL option {tokens[i]} needs a value")
+        field_name, convert = _PARSERS[name]
+        opts = replace(opts, **{field_name: convert(tokens[i + 1])})
+        i += 2
+    if opts.mode is not None and opts.mode.letter == "r" and opts.algo == "auto":
+        opts = replace(opts, algo="ring")
+    return opts

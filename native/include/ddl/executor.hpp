@@ -1,0 +1,85 @@
+// Executes a compiled schedule on a contiguous buffer. It makes no choices: the Python planner decides the
+// steps, the blocks (pipeline segments) and how many blocks are in flight; this only moves and reduces bytes.
+//
+// Terms. A *program* is one rank's ordered steps for one block size; steps carry a round number and a
+// round's steps touch disjoint bytes, so they run concurrently. A *block* is a slice of the buffer run through
+// one program; up to `inflight` blocks run at once, so reducing one block overlaps the transfer of the next.
+// Receives that reduce land in per-block scratch and are posted when the block starts (early), because no
+// earlier step can conflict with scratch; receives that copy are posted when their round starts.
+//
+// Header mode (small collectives): every message is [16-byte header | data]. The header is two int64 that
+// every receive merges by max, so after the collective each rank holds max and -min of a value the Python
+// side put there (the hash of the call's signature): agreement is checked in the same messages as the data.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddl/reduce.hpp"
+#include "ddl/transport.hpp"
+
+namespace ddl {
+
+enum class StepKind : int32_t { send = 0, recv_reduce = 1, recv_copy = 2 };
+
+struct Step {
+  StepKind kind;
+  int32_t peer;
+  int32_t round;
+  int32_t tag;      // index of this message within the block; sender and receiver compute the same one
+  int64_t offset;   // elements from the block start
+  int64_t count;    // elements
+  int64_t scratch;  // elements from the block's scratch start: where a recv_reduce (or a staged
+                    // recv_copy) lands; -1 for a copy received straight into the buffer
+  int32_t wait_sends;  // apply only after this round's sends completed (they read the range it writes)
+};
+
+struct Program {
+  std::vector<Step> steps;          // sorted by round
+  std::vector<size_t> round_begin;  // steps of round r: [round_begin[r], round_begin[r + 1])
+  int64_t scratch_elems = 0;
+  int32_t tags = 1;                 // distinct tags one block uses
+};
+
+struct Block {
+  int64_t offset;  // elements
+  int32_t program;
+};
+
+struct Plan {
+  std::vector<Program> programs;
+  std::vector<Block> blocks;
+  int32_t inflight = 1;
+};
+
+struct RunOptions {
+  DType dtype = DType::float32;
+  ReduceOp op = ReduceOp::sum;
+  double timeout_s = 300.0;       // fail after this long without any completion
+  bool header_mode = false;
+  int64_t header[2] = {0, 0};      // in: this rank's value; out: merged by max
+  int64_t header_capacity = 0;     // header mode: bytes of data a receive must accept
+  std::string label = "collective";
+};
+
+// Builds a Program from rows of 8 int64 (kind, peer, round, tag, offset, count, scratch, wait_sends), sorted
+// by round.
+Program make_program(const int64_t* rows, size_t nrows, int64_t scratch_elems, int32_t tags);
+
+// Runs plans over one transport. Keeps its scratch between runs; after a TransportError it refuses to run
+// again, because messages of the failed run may still be in flight (recreate the communicator instead).
+class Executor {
+ public:
+  explicit Executor(std::shared_ptr<Transport> t) : t_(std::move(t)) {}
+  void run(const Plan& plan, void* buf, RunOptions& opt);
+  Transport& transport() { return *t_; }
+  bool broken() const { return !broken_.empty(); }
+
+ private:
+  std::shared_ptr<Transport> t_;
+  std::vector<char> arena_;
+  std::string broken_;
+};
+
+}  // namespace ddl

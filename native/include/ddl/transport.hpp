@@ -1,0 +1,38 @@
+// The only way the executor talks to peers: non-blocking point-to-point with tags (gloo's idea of a tiny
+// transport). Implementations: MPI (a communicator handed over by mpi4py) and an in-process loopback.
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace ddl {
+
+using Clock = std::chrono::steady_clock;
+using Handle = int64_t;  // a transport-owned slot; released when test() reports completion
+
+// A peer failed, a deadline passed, or the transport broke: the communicator must be recreated.
+struct TransportError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual int max_tag() const = 0;
+  virtual std::string name() const = 0;
+  virtual Handle isend(const void* data, size_t nbytes, int peer, int tag) = 0;
+  virtual Handle irecv(void* data, size_t nbytes, int peer, int tag) = 0;
+  // True once the operation is complete (the handle is then released). Throws TransportError on failure.
+  virtual bool test(Handle h) = 0;
+  // Give up every outstanding operation after a failure; the transport is unusable afterwards.
+  virtual void abandon() = 0;
+};
+
+// Blocks until h completes; false if the deadline passes first.
+bool wait_until(Transport& t, Handle h, Clock::time_point deadline);
+
+}  // namespace ddl

@@ -1,0 +1,282 @@
+#include "ddl/executor.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+namespace ddl {
+
+namespace {
+
+constexpr size_t kHeaderBytes = 2 * sizeof(int64_t);
+constexpr Handle kNotPosted = -1;
+constexpr Handle kDone = -2;
+constexpr Handle kArrived = -3;  // received, not yet applied (waits for the round's sends)
+
+const char* kind_name(StepKind k) {
+  switch (k) {
+    case StepKind::send: return "send to";
+    case StepKind::recv_reduce: return "receive (reduce) from";
+    case StepKind::recv_copy: return "receive (copy) from";
+  }
+  return "?";
+}
+
+struct ActiveBlock {
+  size_t index = 0;
+  const Program* prog = nullptr;
+  char* base = nullptr;     // the block's first byte in the user buffer
+  char* scratch = nullptr;  // this slot's scratch (normal mode) or staging (header mode)
+  std::vector<Handle> handles;
+  size_t round = 0;
+  size_t pending = 0;        // steps of this round not yet done
+  size_t sends_pending = 0;  // sends of this round not yet complete
+  size_t rounds() const { return prog->round_begin.size() - 1; }
+};
+
+class Run {
+ public:
+  Run(Transport& t, const Plan& plan, char* buf, RunOptions& opt, std::vector<char>& arena)
+      : t_(t), plan_(plan), buf_(buf), opt_(opt), es_(dtype_size(opt.dtype)) {
+    const int64_t half = std::max(1, t.max_tag() / 2);
+    tag_base_ = opt.header_mode ? 0 : half;   // header and data messages never match each other
+    tag_span_ = half;
+    for (const Program& p : plan.programs) slot_bytes_ = std::max(slot_bytes_, slot_bytes(p));
+    slots_ = static_cast<size_t>(std::max(1, plan.inflight));
+    if (arena.size() < slots_ * slot_bytes_) arena.resize(slots_ * slot_bytes_);
+    arena_ = arena.data();
+  }
+
+  void go() {
+    std::vector<ActiveBlock> active;
+    std::vector<size_t> free_slots;
+    for (size_t s = slots_; s-- > 0;) free_slots.push_back(s);
+    std::vector<size_t> slot_of;
+    size_t next = 0;
+    auto idle_deadline = Clock::now() + timeout();
+    while (true) {
+      while (next < plan_.blocks.size() && !free_slots.empty()) {
+        active.push_back(start_block(next++, free_slots.back()));
+        slot_of.push_back(free_slots.back());
+        free_slots.pop_back();
+      }
+      if (active.empty()) break;
+      bool progressed = false;
+      for (size_t i = 0; i < active.size();) {
+        progressed |= advance(active[i]);
+        if (active[i].round == active[i].rounds()) {
+          free_slots.push_back(slot_of[i]);
+          active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
+          slot_of.erase(slot_of.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+      if (progressed) {
+        idle_deadline = Clock::now() + timeout();
+      } else {
+        if (Clock::now() > idle_deadline) fail(active);
+        std::this_thread::yield();  // ranks may outnumber cores: let the peer we wait for run
+      }
+    }
+  }
+
+ private:
+  Clock::duration timeout() const {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt_.timeout_s));
+  }
+
+  size_t message_bytes(const Step& s) const {
+    size_t data = static_cast<size_t>(s.count) * es_;
+    if (!opt_.header_mode) return data;
+    if (s.kind != StepKind::send) data = std::max(data, static_cast<size_t>(opt_.header_capacity));
+    return kHeaderBytes + data;
+  }
+
+  // Normal mode: scratch for receives that reduce. Header mode: a staging area per step.
+  size_t slot_bytes(const Program& p) const {
+    if (!opt_.header_mode) return static_cast<size_t>(p.scratch_elems) * es_;
+    size_t total = 0;
+    for (const Step& s : p.steps) total += message_bytes(s);
+    return total;
+  }
+
+  char* stage(ActiveBlock& a, size_t i) {  // header mode: staging of step i
+    size_t off = 0;
+    for (size_t j = 0; j < i; ++j) off += message_bytes(a.prog->steps[j]);
+    return a.scratch + off;
+  }
+
+  int tag_for(const ActiveBlock& a, const Step& s) const {
+    int64_t seq = static_cast<int64_t>(a.index) * a.prog->tags + s.tag;
+    return static_cast<int>(tag_base_ + seq % tag_span_);
+  }
+
+  ActiveBlock start_block(size_t index, size_t slot) {
+    ActiveBlock a;
+    a.index = index;
+    const Block& b = plan_.blocks[index];
+    a.prog = &plan_.programs[static_cast<size_t>(b.program)];
+    a.base = buf_ + static_cast<size_t>(b.offset) * es_;
+    a.scratch = arena_ + slot * slot_bytes_;
+    a.handles.assign(a.prog->steps.size(), kNotPosted);
+    for (size_t i = 0; i < a.prog->steps.size(); ++i) {  // post early what cannot conflict
+      const Step& s = a.prog->steps[i];
+      if (s.kind == StepKind::send) continue;
+      if (opt_.header_mode) {
+        a.handles[i] = t_.irecv(stage(a, i), message_bytes(s), s.peer, tag_for(a, s));
+      } else if (s.scratch >= 0) {
+        a.handles[i] = t_.irecv(a.scratch + static_cast<size_t>(s.scratch) * es_, message_bytes(s), s.peer,
+                                tag_for(a, s));
+      }
+    }
+    start_round(a);
+    return a;
+  }
+
+  void start_round(ActiveBlock& a) {
+    if (a.round >= a.rounds()) return;
+    size_t lo = a.prog->round_begin[a.round], hi = a.prog->round_begin[a.round + 1];
+    a.sends_pending = 0;
+    for (size_t i = lo; i < hi; ++i) {
+      const Step& s = a.prog->steps[i];
+      char* data = a.base + static_cast<size_t>(s.offset) * es_;
+      if (s.kind == StepKind::send) {
+        if (opt_.header_mode) {
+          char* st = stage(a, i);
+          std::memcpy(st, opt_.header, kHeaderBytes);
+          std::memcpy(st + kHeaderBytes, data, static_cast<size_t>(s.count) * es_);
+          data = st;
+        }
+        a.handles[i] = t_.isend(data, message_bytes(s), s.peer, tag_for(a, s));
+        ++a.sends_pending;
+      } else if (a.handles[i] == kNotPosted) {
+        a.handles[i] = t_.irecv(data, message_bytes(s), s.peer, tag_for(a, s));
+      }
+    }
+    a.pending = hi - lo;
+  }
+
+  void finish(ActiveBlock& a, size_t i) {
+    const Step& s = a.prog->steps[i];
+    if (s.kind == StepKind::send) return;
+    char* dst = a.base + static_cast<size_t>(s.offset) * es_;
+    const char* src = a.scratch + static_cast<size_t>(s.scratch) * es_;
+    if (opt_.header_mode) {
+      const char* st = stage(a, i);
+      int64_t h[2];
+      std::memcpy(h, st, kHeaderBytes);
+      opt_.header[0] = std::max(opt_.header[0], h[0]);
+      opt_.header[1] = std::max(opt_.header[1], h[1]);
+      src = st + kHeaderBytes;
+    }
+    if (s.count == 0) return;  // a header-only message
+    if (s.kind == StepKind::recv_copy && (opt_.header_mode || s.scratch >= 0))
+      std::memcpy(dst, src, static_cast<size_t>(s.count) * es_);
+    if (s.kind == StepKind::recv_reduce) reduce_into(dst, src, s.count, opt_.dtype, opt_.op);
+  }
+
+  bool advance(ActiveBlock& a) {
+    bool progressed = false;
+    while (a.round < a.rounds()) {
+      size_t lo = a.prog->round_begin[a.round], hi = a.prog->round_begin[a.round + 1];
+      for (size_t i = lo; i < hi; ++i) {
+        Handle h = a.handles[i];
+        if (h == kDone || h == kArrived || !t_.test(h)) continue;
+        progressed = true;
+        if (a.prog->steps[i].kind == StepKind::send) {
+          a.handles[i] = kDone;
+          --a.sends_pending;
+          --a.pending;
+        } else {
+          a.handles[i] = kArrived;
+        }
+      }
+      for (size_t i = lo; i < hi; ++i) {  // apply what arrived, once the sends it must follow are done
+        const Step& s = a.prog->steps[i];
+        if (a.handles[i] != kArrived || (s.wait_sends && a.sends_pending && !opt_.header_mode)) continue;
+        finish(a, i);
+        a.handles[i] = kDone;
+        --a.pending;
+        progressed = true;
+      }
+      if (a.pending) return progressed;
+      ++a.round;
+      progressed = true;
+      start_round(a);
+    }
+    return progressed;
+  }
+
+  [[noreturn]] void fail(const std::vector<ActiveBlock>& active) {
+    std::string what = "rank " + std::to_string(t_.rank()) + ": " + opt_.label + " made no progress for " +
+                       std::to_string(opt_.timeout_s) + " s (DDL_TIMEOUT)";
+    for (const ActiveBlock& a : active) {
+      size_t lo = a.prog->round_begin[a.round], hi = a.prog->round_begin[a.round + 1];
+      for (size_t i = lo; i < hi; ++i) {
+        if (a.handles[i] == kDone) continue;
+        const Step& s = a.prog->steps[i];
+        what += "; waiting on " + std::string(kind_name(s.kind)) + " rank " + std::to_string(s.peer) + " (" +
+                std::to_string(message_bytes(s)) + " bytes, round " + std::to_string(s.round) + ", block " +
+                std::to_string(a.index) + ")";
+        goto named;
+      }
+    }
+  named:
+    what += ". The peer may have died, or ranks called different collectives.";
+    t_.abandon();
+    throw TransportError(what);
+  }
+
+  Transport& t_;
+  const Plan& plan_;
+  char* buf_;
+  RunOptions& opt_;
+  size_t es_;
+  int64_t tag_base_ = 0, tag_span_ = 1;
+  size_t slot_bytes_ = 0, slots_ = 1;
+  char* arena_ = nullptr;
+};
+
+}  // namespace
+
+Program make_program(const int64_t* rows, size_t nrows, int64_t scratch_elems, int32_t tags) {
+  Program p;
+  p.scratch_elems = scratch_elems;
+  p.tags = std::max(1, tags);
+  p.steps.reserve(nrows);
+  int32_t last_round = -1;
+  for (size_t i = 0; i < nrows; ++i) {
+    const int64_t* r = rows + 8 * i;
+    Step s{static_cast<StepKind>(r[0]), static_cast<int32_t>(r[1]), static_cast<int32_t>(r[2]),
+           static_cast<int32_t>(r[3]), r[4], r[5], r[6], static_cast<int32_t>(r[7])};
+    if (s.kind != StepKind::send && s.kind != StepKind::recv_reduce && s.kind != StepKind::recv_copy)
+      throw std::invalid_argument("step " + std::to_string(i) + ": unknown kind " + std::to_string(r[0]));
+    if (s.round < last_round) throw std::invalid_argument("steps must be sorted by round");
+    if ((s.kind == StepKind::recv_reduce && s.scratch < 0) || (s.scratch >= 0 && s.scratch + s.count > scratch_elems))
+      throw std::invalid_argument("step " + std::to_string(i) + ": scratch range outside the block's scratch");
+    if (s.count < 0 || s.offset < 0 || s.tag < 0 || s.tag >= p.tags)
+      throw std::invalid_argument("step " + std::to_string(i) + ": negative range or tag out of bounds");
+    while (last_round < s.round) {  // open every round up to this one (rounds may be empty here)
+      p.round_begin.push_back(i);
+      ++last_round;
+    }
+    p.steps.push_back(s);
+  }
+  p.round_begin.push_back(nrows);
+  return p;
+}
+
+void Executor::run(const Plan& plan, void* buf, RunOptions& opt) {
+  if (!broken_.empty())
+    throw TransportError("this communicator is unusable after an earlier failure (" + broken_ +
+                         "); call ddl.finalize() and ddl.init() to recreate it");
+  try {
+    Run(*t_, plan, static_cast<char*>(buf), opt, arena_).go();
+  } catch (const TransportError& e) {
+    broken_ = e.what();
+    throw;
+  }
+}
+
+}  // namespace ddl

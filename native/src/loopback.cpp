@@ -1,0 +1,86 @@
+#include "ddl/loopback.hpp"
+
+#include <cstring>
+
+namespace ddl {
+
+void LoopbackHub::complete(Op& send, Op& recv, int src, int dst) {
+  if (send.nbytes > recv.nbytes) {
+    std::string e = "message of " + std::to_string(send.nbytes) + " bytes from rank " + std::to_string(src) +
+                    " truncated to " + std::to_string(recv.nbytes) + " at rank " + std::to_string(dst);
+    send.error = recv.error = e;
+  } else if (send.nbytes) {
+    std::memcpy(recv.data, send.data, send.nbytes);
+  }
+  send.done.store(true, std::memory_order_release);
+  recv.done.store(true, std::memory_order_release);
+}
+
+void LoopbackHub::post_send(int src, int dst, int tag, std::shared_ptr<Op> op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& waiting = recvs_[{src, dst, tag}];
+  if (waiting.empty()) {
+    sends_[{src, dst, tag}].push_back(std::move(op));
+    return;
+  }
+  complete(*op, *waiting.front(), src, dst);
+  waiting.pop_front();
+}
+
+void LoopbackHub::post_recv(int src, int dst, int tag, std::shared_ptr<Op> op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& waiting = sends_[{src, dst, tag}];
+  if (waiting.empty()) {
+    recvs_[{src, dst, tag}].push_back(std::move(op));
+    return;
+  }
+  complete(*waiting.front(), *op, src, dst);
+  waiting.pop_front();
+}
+
+Handle LoopbackTransport::keep(std::shared_ptr<LoopbackHub::Op> op) {
+  if (!free_.empty()) {
+    Handle h = free_.back();
+    free_.pop_back();
+    slots_[static_cast<size_t>(h)] = std::move(op);
+    return h;
+  }
+  slots_.push_back(std::move(op));
+  return static_cast<Handle>(slots_.size() - 1);
+}
+
+static void check_peer(int peer, int size, int rank) {
+  if (peer < 0 || peer >= size)
+    throw TransportError("rank " + std::to_string(rank) + ": peer " + std::to_string(peer) + " outside 0.." +
+                         std::to_string(size - 1));
+}
+
+Handle LoopbackTransport::isend(const void* data, size_t nbytes, int peer, int tag) {
+  check_peer(peer, size(), rank_);
+  auto op = std::make_shared<LoopbackHub::Op>();
+  op->data = const_cast<void*>(data);
+  op->nbytes = nbytes;
+  hub_->post_send(rank_, peer, tag, op);
+  return keep(std::move(op));
+}
+
+Handle LoopbackTransport::irecv(void* data, size_t nbytes, int peer, int tag) {
+  check_peer(peer, size(), rank_);
+  auto op = std::make_shared<LoopbackHub::Op>();
+  op->data = data;
+  op->nbytes = nbytes;
+  hub_->post_recv(peer, rank_, tag, op);
+  return keep(std::move(op));
+}
+
+bool LoopbackTransport::test(Handle h) {
+  auto& op = slots_[static_cast<size_t>(h)];
+  if (!op->done.load(std::memory_order_acquire)) return false;
+  std::string err = op->error;
+  op.reset();
+  free_.push_back(h);
+  if (!err.empty()) throw TransportError(err);
+  return true;
+}
+
+}  // namespace ddl
