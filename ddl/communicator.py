@@ -55,6 +55,7 @@ class Communicator:
         self.local_rank, self.local_size, self.num_hosts = local or (rank, size, 1)
         self._plans: OrderedDict = OrderedDict()
         self._hashes: dict = {}
+        self._signatures: dict = {}
         self._lock = threading.Lock()
         self._calls, self._call_seconds = 0, 0.0
         self._small = min(self.options.small_bytes, AGREEMENT_CAPACITY)
@@ -117,7 +118,7 @@ class Communicator:
         disagree, or if they all agree on the same invalid call."""
         h = self._call_hash(problem or call)
         count = work.size
-        plan = self._plan(("agree", count), lambda: compile_blocks(
+        plan = self._plans.get(("agree", count)) or self._plan(("agree", count), lambda: compile_blocks(
             lambda n: recursive_doubling_allreduce(self.rank, self.size, n, keep_empty=True),
             count, max(count, 1), 1, "recursive_doubling"))
         merged = self._executor.run_header(plan.native, work, dtype, op, self.options.timeout, call,
@@ -166,20 +167,36 @@ class Communicator:
 
     # -- collectives ------------------------------------------------------------------------------------
 
+    def _describe_allreduce(self, shape, dtype: np.dtype, op) -> tuple:
+        """(call text, native dtype, native op, problem) for a call signature; cached, as small allreduces
+        would otherwise spend most of their time formatting and validating."""
+        key = (shape, dtype, op)
+        info = self._signatures.get(key)
+        if info is None:
+            problem, code, rop = None, None, None
+            try:
+                code, rop = native_dtype(dtype), native_op(op, dtype)
+            except DDLError as e:
+                problem = str(e)
+            info = (f"allreduce(shape={shape}, dtype={dtype}, op={op})", code, rop, problem)
+            if len(self._signatures) > 4 * PLAN_CACHE_SIZE:
+                self._signatures.clear()
+            self._signatures[key] = info
+        return info
+
     def allreduce(self, array, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
         started = time.perf_counter() if self.options.dump_iter else 0.0
         a = np.asarray(array)
-        problem, dtype, rop = None, None, None
-        try:
-            dtype, rop = native_dtype(a.dtype), native_op(op, a.dtype)
-            _check_out(out, a)
-        except DDLError as e:
-            problem = str(e)
+        call, dtype, rop, problem = self._describe_allreduce(a.shape, a.dtype, op)
+        if out is not None and problem is None:
+            try:
+                _check_out(out, a)
+            except DDLError as e:
+                problem = str(e)
         if self.size == 1:
             if problem:
                 raise DDLError(f"rank {self.rank}: {problem}")
             return _deliver(np.array(a, order="C"), out)
-        call = f"allreduce(shape={a.shape}, dtype={a.dtype}, op={op})"
         original = a.copy() if self.options.check is not None else a
         fused = problem is None and self._fused(a.nbytes)
         with self._lock:

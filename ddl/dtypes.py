@@ -23,8 +23,19 @@ _OPS = {"sum": _native.ReduceOp.sum, "avg": _native.ReduceOp.sum, "prod": _nativ
 OPS = tuple(_OPS)
 
 
+_NAMES: dict = {}
+
+
+def _name(dtype: np.dtype) -> str:
+    """dtype.name, cached: numpy computes it in Python, which would dominate a small allreduce."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = dtype.name
+    return name
+
+
 def native_dtype(dtype: np.dtype) -> "_native.DType":
-    code = _DTYPES.get(dtype.name)
+    code = _DTYPES.get(_name(dtype))
     if code is None or dtype.byteorder == ">":
         raise DDLError(f"unsupported dtype {dtype} (supported: {', '.join(_DTYPES)}, native byte order)")
     return code
@@ -34,6 +45,6 @@ def native_op(op: str, dtype: np.dtype) -> "_native.ReduceOp":
     code = _OPS.get(op) if isinstance(op, str) else None
     if code is None:
         raise DDLError(f"unknown reduction op {op!r} (supported: {', '.join(_OPS)})")
-    if op == "avg" and dtype.name not in FLOATING:
+    if op == "avg" and _name(dtype) not in FLOATING:
         raise DDLError(f"op 'avg' is not defined for {dtype} (integers would truncate); use 'sum' and divide")
     return code

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 namespace ddl {
 
@@ -76,7 +75,7 @@ class Run {
         idle_deadline = Clock::now() + timeout();
       } else {
         if (Clock::now() > idle_deadline) fail(active);
-        std::this_thread::yield();  // ranks may outnumber cores: let the peer we wait for run
+        t_.idle();
       }
     }
   }

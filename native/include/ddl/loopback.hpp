@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -46,6 +47,7 @@ class LoopbackTransport final : public Transport {
   Handle irecv(void* data, size_t nbytes, int peer, int tag) override;
   bool test(Handle h) override;
   void abandon() override { slots_.clear(); }
+  void idle() override { std::this_thread::yield(); }
 
  private:
   Handle keep(std::shared_ptr<LoopbackHub::Op> op);

@@ -28,6 +28,9 @@ class Transport {
   virtual Handle irecv(void* data, size_t nbytes, int peer, int tag) = 0;
   // True once the operation is complete (the handle is then released). Throws TransportError on failure.
   virtual bool test(Handle h) = 0;
+  // Called while the executor has nothing to do. MPI's progress engine already yields when told to
+  // (mpi_yield_when_idle); threads of the loopback transport must yield to let their peers run.
+  virtual void idle() {}
   // Give up every outstanding operation after a failure; the transport is unusable afterwards.
   virtual void abandon() = 0;
 };

@@ -1,0 +1,213 @@
+"""ddl-bench: allreduce bandwidth in nccl-tests' format, with MPI's own allreduce side by side.
+
+    ddl-bench --np 4 -b 8 -e 64M -f 8 --algo ddl,mpi
+
+Columns follow nccl-tests (doc/PERFORMANCE.md): algbw = size / time; busbw = algbw * 2(n-1)/n, comparable
+with the hardware's per-rank bandwidth at any rank count. Out-of-place writes a preallocated output, in-place
+reduces the buffer itself, for ddl and MPI alike. Each size runs every algorithm in turn, so ratios are taken
+side by side in one run. Results are checked on inputs whose reduction is exact in every dtype; wrong
+elements are counted per rank and the exit status is non-zero if any are found.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+import numpy as np
+
+DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "float16": "float16",
+          "bfloat16": "bfloat16", "double": "float64", "float64": "float64", "int32": "int32", "int": "int32",
+          "int64": "int64"}
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"(\d+)([KMG]?)B?", text.upper())
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (e.g. 8, 64K, 64M)")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def inputs(rank: int, count: int, dtype: np.dtype, op: str) -> np.ndarray:
+    """Small integers (sum, min, max, avg) or +-1 (prod): every reduction of them is exact in every dtype."""
+    i = np.arange(count, dtype=np.int64)
+    v = ((i + rank) % 2) * 2 - 1 if op == "prod" else (i + rank) % 7 - 3
+    return v.astype(dtype)
+
+
+def expected(size: int, count: int, dtype: np.dtype, op: str) -> np.ndarray:
+    stack = np.stack([inputs(r, count, np.dtype(np.float64), op) for r in range(size)]) if count else \
+        np.zeros((size, 0))
+    ref = {"sum": stack.sum(0), "avg": stack.sum(0) / size, "prod": stack.prod(0), "min": stack.min(0),
+           "max": stack.max(0)}[op]
+    return ref
+
+
+def count_wrong(got: np.ndarray, ref: np.ndarray, op: str, dtype: np.dtype) -> int:
+    g = got.astype(np.float64)
+    if op == "avg":  # sum then scale: one rounding in the dtype
+        tol = 1e-2 if dtype.itemsize == 2 else 1e-6
+        return int(np.count_nonzero(np.abs(g - ref) > tol * np.maximum(1.0, np.abs(ref))))
+    return int(np.count_nonzero(g != ref))
+
+
+class Runner:
+    """One way of doing an allreduce: ddl or MPI, out of place (into ``out``) or in place."""
+
+    def __init__(self, algo: str, comm):
+        self.algo, self.comm = algo, comm
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.mpi_op = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+
+    def supports(self, dtype: np.dtype) -> bool:
+        return self.algo == "ddl" or dtype.itemsize > 2  # MPI has no float16 / bfloat16
+
+    def __call__(self, x: np.ndarray, out: np.ndarray, op: str, inplace: bool) -> None:
+        import ddl
+
+        if self.algo == "ddl":
+            ddl.allreduce(out if inplace else x, op, out=out)
+            return
+        self.comm.Allreduce(self.MPI.IN_PLACE if inplace else x, out, op=self.mpi_op[op])
+        if op == "avg":
+            out /= self.comm.size
+
+
+def measure(runner: Runner, comm, count: int, dtype: np.dtype, op: str, iters: int, warmup: int,
+            check: bool) -> dict:
+    """Times (max over ranks of the mean per call) and checks one algorithm at one size."""
+    x = inputs(comm.rank, count, dtype, op)
+    out = np.empty_like(x)
+    ref = expected(comm.size, count, dtype, op) if check else None
+    record = {}
+    for inplace in (False, True):
+        key = "in" if inplace else "out"
+        if check:
+            out[...] = x
+            runner(x, out, op, inplace)
+            record[f"{key}_wrong"] = count_wrong(out, ref, op, dtype)
+        for _ in range(warmup):
+            runner(x, out, op, inplace)
+        comm.Barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            runner(x, out, op, inplace)
+        local = (time.perf_counter() - start) / max(iters, 1)
+        record[f"{key}_us"] = comm.allreduce(local, op=runner.MPI.MAX) * 1e6
+    if check:
+        from mpi4py import MPI
+
+        for key in ("out_wrong", "in_wrong"):
+            record[key] = comm.allreduce(record[key], op=MPI.SUM)
+    return record
+
+
+def bandwidth(nbytes: int, us: float, n: int) -> tuple[float, float]:
+    algbw = nbytes / (us * 1e-6) / 1e9 if us > 0 else 0.0
+    return algbw, algbw * (2 * (n - 1) / n if n > 1 else 1.0)
+
+
+def sizes(begin: int, end: int, factor: float) -> list[int]:
+    out, s = [], begin
+    while s <= end:
+        out.append(s)
+        s = int(s * factor) if factor > 1 else s + max(1, int(factor))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ddl-bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"))
+    ap.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"))
+    ap.add_argument("-f", "--stepfactor", type=float, default=2.0)
+    ap.add_argument("-n", "--iters", type=int, default=20)
+    ap.add_argument("-w", "--warmup_iters", type=int, default=5)
+    ap.add_argument("-c", "--check", type=int, default=1, help="verify results (1) or not (0)")
+    ap.add_argument("-d", "--datatype", default="float", choices=sorted(DTYPES))
+    ap.add_argument("-o", "--op", default="sum", choices=["sum", "avg", "prod", "min", "max"])
+    ap.add_argument("-J", "--output_file", help="write the results as JSON")
+    ap.add_argument("--algo", default="ddl,mpi", help="comma list of ddl, mpi (MPI_Allreduce baseline)")
+    ap.add_argument("--np", type=int, default=0, help="launch this many ranks with mpiexec (this host)")
+    args = ap.parse_args(argv)
+
+    if args.np and "OMPI_COMM_WORLD_SIZE" not in os.environ and "PMI_RANK" not in os.environ:
+        from .mpirun import run
+
+        forward = [a for a in (argv if argv is not None else sys.argv[1:])]
+        i = forward.index("--np") if "--np" in forward else None
+        if i is not None:
+            del forward[i:i + 2]
+        forward = [a for a in forward if not a.startswith("--np=")]
+        return run(args.np, [sys.executable, "-m", "ddl.bench", *forward], timeout=1800)
+
+    import ddl
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    ddl.init(comm)
+    dtype = numpy_dtype(DTYPES[args.datatype])
+    runners = [Runner(a, comm) for a in args.algo.split(",")]
+    n = comm.size
+    rows = []
+    if comm.rank == 0:
+        print(f"# ddl-bench allreduce: {n} ranks on {ddl.num_hosts()} host(s), {MPI.Get_library_version().splitlines()[0]}")
+        print(f"# dtype {dtype.name}, op {args.op}, {args.iters} iterations after {args.warmup_iters} warm-up; "
+              f"time = max over ranks of the mean per call")
+        print("#")
+        print(f"# {'':>52}{'out-of-place':>30}{'in-place':>32}")
+        print(f"# {'size':>10} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'algo':>5}"
+              f" {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}")
+        print(f"# {'(B)':>10} {'(elements)':>12} {'':>9} {'':>6} {'':>5} {'':>5}"
+              f" {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}  {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7}")
+    for nbytes in sizes(args.minbytes, args.maxbytes, args.stepfactor):
+        count = max(nbytes // dtype.itemsize, 0)
+        for runner in runners:
+            if not runner.supports(dtype):
+                continue
+            rec = measure(runner, comm, count, dtype, args.op, args.iters, args.warmup_iters, bool(args.check))
+            rec.update(size=count * dtype.itemsize, count=count, type=dtype.name, redop=args.op, algo=runner.algo,
+                       ranks=n)
+            for key in ("out", "in"):
+                rec[f"{key}_algbw"], rec[f"{key}_busbw"] = bandwidth(rec["size"], rec[f"{key}_us"], n)
+            rows.append(rec)
+            if comm.rank == 0:
+                w = lambda k: str(rec.get(k, "N/A"))
+                print(f"  {rec['size']:>10} {count:>12} {dtype.name:>9} {args.op:>6} {-1:>5} {runner.algo:>5}"
+                      f" {rec['out_us']:>9.1f} {rec['out_algbw']:>7.3f} {rec['out_busbw']:>7.3f} {w('out_wrong'):>6}"
+                      f"  {rec['in_us']:>9.1f} {rec['in_algbw']:>7.3f} {rec['in_busbw']:>7.3f} {w('in_wrong'):>6}",
+                      flush=True)
+    wrong = sum(r.get("out_wrong", 0) + r.get("in_wrong", 0) for r in rows)
+    if comm.rank == 0:
+        print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+        ddl_rows = {r["size"]: r for r in rows if r["algo"] == "ddl"}
+        mpi_rows = {r["size"]: r for r in rows if r["algo"] == "mpi"}
+        if ddl_rows and mpi_rows:
+            print("# ddl time / MPI_Allreduce time (out-of-place, in-place):")
+            for s in sorted(set(ddl_rows) & set(mpi_rows)):
+                d, m = ddl_rows[s], mpi_rows[s]
+                print(f"#   {s:>10} B: {d['out_us'] / m['out_us']:.2f}  {d['in_us'] / m['in_us']:.2f}")
+        if ddl_rows:
+            avg = sum(r["in_busbw"] for r in ddl_rows.values()) / len(ddl_rows)
+            print(f"# Avg bus bandwidth (ddl, in-place) : {avg:.3f} GB/s")
+        if args.output_file:
+            with open(args.output_file, "w") as f:
+                json.dump({"ranks": n, "hosts": ddl.num_hosts(), "mpi": MPI.Get_library_version().splitlines()[0],
+                           "results": rows}, f, indent=1)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
