@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _native, cost
 from .algorithms import ALLREDUCE, binomial_broadcast, recursive_doubling_allreduce, ring_allgather
-from .dtypes import FLOATING, native_dtype, native_op
+from .dtypes import FLOATING, native_dtype, native_op, raw
 from .errors import DDLError, MismatchError
 from .options import Options, parse
 from .plan import CompiledPlan, compile_blocks, native_program
@@ -121,7 +121,7 @@ class Communicator:
         plan = self._plans.get(("agree", count)) or self._plan(("agree", count), lambda: compile_blocks(
             lambda n: recursive_doubling_allreduce(self.rank, self.size, n, keep_empty=True),
             count, max(count, 1), 1, "recursive_doubling"))
-        merged = self._executor.run_header(plan.native, work, dtype, op, self.options.timeout, call,
+        merged = self._executor.run_header(plan.native, raw(work), dtype, op, self.options.timeout, call,
                                            h, -h, AGREEMENT_CAPACITY)
         if merged != (h, -h):
             self._report_mismatch(problem or call)
@@ -160,7 +160,7 @@ class Communicator:
         plan = self._plan(("allreduce", algo, flat.size, flat.itemsize), lambda: compile_blocks(
             lambda n: gen(self.rank, self.size, n), flat.size, max(1, block // flat.itemsize),
             self.options.inflight, algo))
-        self._executor.run(plan.native, flat, dtype, op, self.options.timeout, label)
+        self._executor.run(plan.native, raw(flat), dtype, op, self.options.timeout, label)
 
     def _fused(self, nbytes: int) -> bool:
         return nbytes <= self._small and self.options.algo in ("auto", "recursive_doubling")
@@ -207,7 +207,7 @@ class Communicator:
                 work = _work_buffer(a, out)
                 self._run_allreduce(work, dtype, rop, call)
             if op == "avg":
-                _native.scale(work, dtype, 1.0 / self.size)
+                _native.scale(raw(work), dtype, 1.0 / self.size)
             if self.options.check is not None:
                 self._check_against_mpi(original, work, op, call)
         result = _deliver(work.reshape(a.shape), out)

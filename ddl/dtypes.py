@@ -48,3 +48,8 @@ def native_op(op: str, dtype: np.dtype) -> "_native.ReduceOp":
     if op == "avg" and _name(dtype) not in FLOATING:
         raise DDLError(f"op 'avg' is not defined for {dtype} (integers would truncate); use 'sum' and divide")
     return code
+
+
+def raw(array: np.ndarray) -> np.ndarray:
+    """What the executor gets: the array itself, or a uint16 view of bfloat16 (which has no buffer format)."""
+    return array.view(np.uint16) if _name(array.dtype) == "bfloat16" else array

@@ -51,19 +51,25 @@ PyPlan make_plan(const std::vector<Program>& programs, const Rows& blocks, int32
   return p;
 }
 
+// Checked as bytes, so a caller may hand over any view of its data (bfloat16 arrays cannot export a buffer
+// format, so they arrive as uint16 views).
 void* writable_buffer(const py::buffer& buf, DType dtype, int64_t extent) {
   py::buffer_info info = buf.request(/*writable=*/true);
-  if (static_cast<size_t>(info.itemsize) != dtype_size(dtype))
-    throw std::invalid_argument(std::string("buffer item size does not match ") + dtype_name(dtype));
   py::ssize_t expect = info.itemsize;
   for (py::ssize_t d = info.ndim; d-- > 0;) {  // C-contiguous only
     if (info.shape[d] > 1 && info.strides[d] != expect) throw std::invalid_argument("buffer is not C-contiguous");
     expect *= info.shape[d];
   }
-  if (info.size < extent)
-    throw std::invalid_argument("buffer holds " + std::to_string(info.size) + " elements, plan needs " +
-                                std::to_string(extent));
+  const int64_t have = static_cast<int64_t>(info.size * info.itemsize);
+  if (have < extent * static_cast<int64_t>(dtype_size(dtype)))
+    throw std::invalid_argument("buffer holds " + std::to_string(have) + " bytes, plan needs " +
+                                std::to_string(extent) + " elements of " + dtype_name(dtype));
   return info.ptr;
+}
+
+int64_t elements(const py::buffer& buf, DType dtype) {
+  py::buffer_info info = buf.request();
+  return static_cast<int64_t>(info.size * info.itemsize / static_cast<py::ssize_t>(dtype_size(dtype)));
 }
 
 void run_plan(Executor& ex, const PyPlan& plan, const py::buffer& buf, RunOptions& opt) {
@@ -96,17 +102,17 @@ PYBIND11_MODULE(_native, m) {
       .value("min", ReduceOp::min).value("max", ReduceOp::max);
 
   m.def("reduce_into", [](const py::buffer& dst, const py::buffer& src, DType dtype, ReduceOp op) {
+    const int64_t n = elements(src, dtype);
+    void* d = writable_buffer(dst, dtype, n);
     py::buffer_info s = src.request();
-    void* d = writable_buffer(dst, dtype, s.size);
-    if (static_cast<size_t>(s.itemsize) != dtype_size(dtype)) throw std::invalid_argument("src item size");
     py::gil_scoped_release nogil;
-    reduce_into(d, s.ptr, s.size, dtype, op);
+    reduce_into(d, s.ptr, n, dtype, op);
   }, py::arg("dst"), py::arg("src"), py::arg("dtype"), py::arg("op"), "dst = dst (op) src, elementwise.");
   m.def("scale", [](const py::buffer& buf, DType dtype, double factor) {
-    py::buffer_info info = buf.request(true);
-    void* d = writable_buffer(buf, dtype, info.size);
+    const int64_t n = elements(buf, dtype);
+    void* d = writable_buffer(buf, dtype, n);
     py::gil_scoped_release nogil;
-    scale(d, info.size, dtype, factor);
+    scale(d, n, dtype, factor);
   }, py::arg("buf"), py::arg("dtype"), py::arg("factor"), "buf *= factor (floating types).");
 
   py::class_<Program>(m, "Program")

@@ -1,0 +1,44 @@
+"""DDL_OPTIONS: IBM's grammar, ddl's additions, and clear errors."""
+import pytest
+
+from ddl import DDLError
+from ddl.options import Mode, parse, parse_mode
+
+
+def test_ibm_options_parse():
+    o = parse("-mode r:4x2 -dump_iter 100 -dev_sync 1 -rebind_iter 5 -dbg_level 2 -check 1e-5", environ={})
+    assert o.mode == Mode("r", (4, 2))
+    assert (o.dump_iter, o.dev_sync, o.rebind_iter, o.dbg_level, o.check) == (100, 1, 5, 2, 1e-5)
+    assert o.algo == "ring"  # mode r: ring only
+
+
+def test_ddl_options_and_environment_defaults():
+    o = parse("-timeout 7.5 -algo rabenseifner -segment 65536 -inflight 3",
+              environ={"DDL_TIMEOUT": "99", "DDL_SMALL_BYTES": "128"})
+    assert (o.timeout, o.algo, o.segment, o.inflight, o.small_bytes) == (7.5, "rabenseifner", 65536, 3, 128)
+    assert parse("", environ={"DDL_TIMEOUT": "99"}).timeout == 99.0
+    assert parse(None, environ={"DDL_OPTIONS": "-algo ring"}).algo == "ring"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("-bogus 1", "unknown DDL option '-bogus'"),
+    ("-mode", "needs a value"),
+    ("-mode z:4", "bad -mode 'z:4'"),
+    ("-mode r:4x0", "at least 1"),
+    ("-dump_iter ten", "expects a number"),
+    ("-algo magic", "-algo 'magic'"),
+])
+def test_bad_options_say_what_is_wrong(text, message):
+    with pytest.raises(DDLError, match=message.replace("(", r"\(")):
+        parse(text, environ={})
+
+
+def test_bad_environment_variable_is_named():
+    with pytest.raises(DDLError, match="DDL_ALGO"):
+        parse("", environ={"DDL_ALGO": "fast"})
+
+
+def test_mode_dims_must_multiply_to_the_rank_count_with_ibms_message():
+    parse_mode("p:6x2x1x1").check_size(12)
+    with pytest.raises(DDLError, match=r"invalid dim size=8 usr_size=6 dim\[0\]=4 dim\[1\]=2"):
+        parse_mode("r:4x2").check_size(6)
