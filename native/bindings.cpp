@@ -81,7 +81,8 @@ void run_plan(Executor& ex, const PyPlan& plan, const py::buffer& buf, RunOption
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
-  if (import_mpi4py() < 0) throw py::error_already_set();
+  // mpi4py's C API is imported on first use, not here: importing it initialises MPI, which a process that
+  // runs alone (and `import ddl`) should not pay for.
   m.doc() = "ddl's native executor: runs compiled schedules over MPI or an in-process loopback.";
 
   py::register_exception_translator([](std::exception_ptr p) {
@@ -132,6 +133,7 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<Executor>(m, "Executor")
       .def_static("mpi", [](py::handle comm) {
+        if (import_mpi4py() < 0) throw py::error_already_set();
         MPI_Comm* c = PyMPIComm_Get(comm.ptr());
         if (c == nullptr) throw py::error_already_set();
         return std::make_unique<Executor>(std::make_shared<MpiTransport>(*c));

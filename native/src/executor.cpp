@@ -1,6 +1,7 @@
 #include "ddl/executor.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 namespace ddl {
@@ -208,8 +209,10 @@ class Run {
   }
 
   [[noreturn]] void fail(const std::vector<ActiveBlock>& active) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", opt_.timeout_s);
     std::string what = "rank " + std::to_string(t_.rank()) + ": " + opt_.label + " made no progress for " +
-                       std::to_string(opt_.timeout_s) + " s (DDL_TIMEOUT)";
+                       seconds + " s (DDL_TIMEOUT)";
     for (const ActiveBlock& a : active) {
       size_t lo = a.prog->round_begin[a.round], hi = a.prog->round_begin[a.round + 1];
       for (size_t i = lo; i < hi; ++i) {

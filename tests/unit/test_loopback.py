@@ -1,0 +1,215 @@
+"""The executor and the collectives, over the in-process loopback transport: ranks are threads."""
+import threading
+from dataclasses import replace
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ddl import DDLError, MismatchError, TransportError, _native
+from ddl.communicator import Communicator
+from ddl.options import parse
+
+BASE = replace(parse("", environ={}), timeout=20.0)
+DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int32, np.int64]
+
+
+def spawn(p, fn, options=BASE):
+    """Runs fn(comm) on p threads, one loopback rank each; returns (results, errors) by rank."""
+    hub = _native.LoopbackHub(p)
+    comms = [Communicator.loopback(hub, r, options) for r in range(p)]
+    results, errors = [None] * p, [None] * p
+
+    def body(r):
+        try:
+            results[r] = fn(comms[r])
+        except Exception as e:  # collected: the test decides what each rank should have raised
+            errors[r] = e
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(p)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return results, errors
+
+
+def run_ok(p, fn, options=BASE):
+    results, errors = spawn(p, fn, options)
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+def contribution(rank, n, dtype, op):
+    i = np.arange(n)
+    v = ((i + rank) % 2) * 2 - 1 if op == "prod" else (i * 3 + rank) % 5 - 2
+    return v.astype(dtype)
+
+
+def expected(p, n, dtype, op):
+    stack = np.stack([contribution(r, n, np.float64, op) for r in range(p)]) if n else np.zeros((p, 0))
+    return {"sum": stack.sum(0), "prod": stack.prod(0), "min": stack.min(0), "max": stack.max(0),
+            "avg": stack.sum(0) / p}[op]
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_allreduce_every_dtype_and_op(p, dtype):
+    ops = ["sum", "prod", "min", "max"] + (["avg"] if np.dtype(dtype).kind == "f" or dtype is ml_dtypes.bfloat16
+                                           else [])
+    for op in ops:
+        for n in (0, 1, 13, 3001):  # 3001 elements: past the small path for 8-byte types
+            got = run_ok(p, lambda c: c.allreduce(contribution(c.rank, n, dtype, op), op))
+            want = expected(p, n, dtype, op)
+            for r, g in enumerate(got):
+                assert g.dtype == np.dtype(dtype) and g.shape == (n,)
+                np.testing.assert_allclose(g.astype(np.float64), want, rtol=1e-2 if op == "avg" else 0,
+                                           err_msg=f"rank {r} op {op} n {n}")
+
+
+@pytest.mark.parametrize("algo", ["ring", "rabenseifner", "recursive_doubling"])
+@pytest.mark.parametrize("p", [2, 3, 4, 6])
+def test_every_algorithm_pipelined_in_many_blocks(algo, p):
+    opts = replace(BASE, algo=algo, segment=4096, inflight=3, small_bytes=0)
+    n = 100_003  # a prime: uneven chunks and a short last block
+    got = run_ok(p, lambda c: c.allreduce(contribution(c.rank, n, np.float32, "sum")), opts)
+    want = expected(p, n, np.float32, "sum")
+    for g in got:
+        np.testing.assert_array_equal(g, want)
+
+
+def test_in_place_out_of_place_and_2d():
+    p = 3
+    def body(c):
+        x = contribution(c.rank, 600, np.float64, "sum").reshape(20, 30)
+        y = np.empty_like(x)
+        same = c.allreduce(x, out=x)
+        other = c.allreduce(contribution(c.rank, 600, np.float64, "sum").reshape(20, 30), out=y)
+        fresh = c.allreduce(np.asfortranarray(contribution(c.rank, 600, np.float64, "sum").reshape(20, 30)))
+        return same is x, other is y, x, y, fresh
+    want = expected(p, 600, np.float64, "sum").reshape(20, 30)
+    for same, other, x, y, fresh in run_ok(p, body):
+        assert same and other
+        np.testing.assert_array_equal(x, want)
+        np.testing.assert_array_equal(y, want)
+        np.testing.assert_array_equal(fresh, want)
+
+
+def test_non_contiguous_input_is_copied_not_modified():
+    def body(c):
+        base = np.arange(40, dtype=np.float32).reshape(10, 4) + c.rank
+        view = base[:, ::2]
+        before = view.copy()
+        out = c.allreduce(view)
+        return out, np.array_equal(view, before)
+    for out, untouched in run_ok(3, body):
+        assert untouched
+        np.testing.assert_array_equal(out, (np.arange(40, dtype=np.float32).reshape(10, 4)[:, ::2]) * 3 + 3)
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_broadcast_from_every_root(p):
+    for root in range(p):
+        for n in (0, 1, 9, 70_001):
+            got = run_ok(p, lambda c: c.broadcast(np.arange(n, dtype=np.int64) * (c.rank + 1), root=root))
+            for g in got:
+                np.testing.assert_array_equal(g, np.arange(n) * (root + 1))
+
+
+def test_allgather_uneven_first_dims():
+    p = 4
+    got = run_ok(p, lambda c: c.allgather(np.full((c.rank % 3, 2), c.rank, dtype=np.int16)))
+    want = np.concatenate([np.full((r % 3, 2), r, dtype=np.int16) for r in range(p)])
+    for g in got:
+        np.testing.assert_array_equal(g, want)
+
+
+def test_allreduce_n_fuses_mixed_dtypes():
+    def body(c):
+        return c.allreduce_n([np.full(3, c.rank, np.float32), np.full((2, 2), c.rank, np.int64),
+                              np.full(5, 1.0, np.float32)], op="sum")
+    for a, b, d in run_ok(4, body):
+        np.testing.assert_array_equal(a, np.full(3, 6, np.float32))
+        np.testing.assert_array_equal(b, np.full((2, 2), 6))
+        np.testing.assert_array_equal(d, np.full(5, 4.0))
+
+
+def test_barrier_waits_for_everyone():
+    arrived = []
+    def body(c):
+        if c.rank == 0:
+            threading.Event().wait(0.3)
+        arrived.append(c.rank)
+        c.barrier()
+        return len(arrived)
+    assert run_ok(3, body) == [3, 3, 3]
+
+
+@pytest.mark.parametrize("n_small, n_large", [(3, 4), (3, 5000)])
+def test_shapes_that_differ_raise_on_every_rank_naming_the_ranks(n_small, n_large):
+    _, errors = spawn(4, lambda c: c.allreduce(np.ones(n_large if c.rank == 2 else n_small)))
+    for e in errors:
+        assert isinstance(e, MismatchError)
+        assert "ranks 0-1,3: allreduce(shape=(%d,)" % n_small in str(e)
+        assert "ranks 2: allreduce(shape=(%d,)" % n_large in str(e)
+
+
+def test_dtype_and_op_mismatches_are_reported():
+    _, errors = spawn(2, lambda c: c.allreduce(np.ones(4, np.float32 if c.rank else np.float64)))
+    assert all(isinstance(e, MismatchError) and "float64" in str(e) and "float32" in str(e) for e in errors)
+    _, errors = spawn(2, lambda c: c.allreduce(np.ones(4), op="max" if c.rank else "min"))
+    assert all(isinstance(e, MismatchError) and "op=max" in str(e) for e in errors)
+
+
+def test_bad_input_on_one_rank_fails_every_rank_and_names_it():
+    def body(c):
+        x = np.ones(8)
+        out = np.empty_like(x)
+        if c.rank == 1:
+            out.flags.writeable = False
+        return c.allreduce(x, out=out)
+    _, errors = spawn(3, body)
+    assert all(isinstance(e, MismatchError) for e in errors)
+    assert all("ranks 1: out is read-only" in str(e) for e in errors)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda c: c.allreduce(np.ones(3, np.uint8)), "unsupported dtype uint8"),
+    (lambda c: c.allreduce(np.ones(3), op="mean"), "unknown reduction op 'mean'"),
+    (lambda c: c.allreduce(np.ones(3, np.int32), op="avg"), "'avg' is not defined for int32"),
+    (lambda c: c.broadcast(np.ones(3), root=7), "root 7 is not a rank"),
+])
+def test_the_same_bad_call_everywhere_raises_ddlerror_everywhere(call, message):
+    _, errors = spawn(3, call)
+    for r, e in enumerate(errors):
+        assert type(e) is DDLError and f"rank {r}: " in str(e) and message in str(e)
+
+
+def test_a_missing_peer_times_out_naming_it_and_the_communicator_stays_broken():
+    opts = replace(BASE, timeout=0.5)
+    def body(c):
+        if c.rank == 2:
+            return None
+        try:
+            c.allreduce(np.ones(4))
+        except TransportError as e:
+            first = str(e)
+        with pytest.raises(TransportError, match="unusable after an earlier failure"):
+            c.allreduce(np.ones(4))
+        return first
+    results, errors = spawn(3, body, opts)
+    assert errors == [None, None, None]
+    assert "waiting on" in results[1] and "rank 2" in results[1] and "DDL_TIMEOUT" in results[1]
+    assert "rank 1" in results[0]  # rank 0 folded its data to rank 1 and waits for it
+
+
+def test_size_one_returns_a_copy():
+    c = Communicator.loopback(_native.LoopbackHub(1), 0, BASE)
+    x = np.arange(5.0)
+    y = c.allreduce(x, "avg")
+    assert y is not x and np.array_equal(y, x)
+    with pytest.raises(DDLError, match="rank 0: unsupported dtype"):
+        c.allreduce(np.ones(2, np.complex64))

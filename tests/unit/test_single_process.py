@@ -1,0 +1,92 @@
+"""ddl started plainly (no mpiexec): size 1, no MPI initialised, a light import."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ddl
+
+LAUNCHER = ("OMPI_", "PMIX_", "PMI_", "MPI_LOCALNRANKS", "PRTE_")
+
+
+def plain_env():
+    return {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER)}
+
+
+def run_python(code):
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=plain_env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_size_is_one_without_mpiexec():
+    assert run_python("import ddl; print(ddl.size())") == "1"
+
+
+def test_import_is_light():
+    mods = run_python("import sys, ddl; ddl.allreduce([1.0]); "
+                      "print(' '.join(m for m in ('mpi4py.MPI', 'tensorflow', 'keras', 'torch') if m in sys.modules))")
+    assert mods == ""
+
+
+@pytest.fixture
+def alone(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith(LAUNCHER):
+            monkeypatch.delenv(k)
+    ddl.finalize()
+    yield
+    ddl.finalize()
+
+
+def test_single_process_api(alone):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert (ddl.rank(), ddl.size(), ddl.local_rank(), ddl.local_size(), ddl.num_hosts()) == (0, 1, 0, 1, 1)
+    y = ddl.allreduce(x)
+    assert y is not x and np.array_equal(y, x) and y.dtype == x.dtype
+    assert ddl.allreduce(x, out=x) is x
+    assert np.array_equal(ddl.broadcast(x), x) and np.array_equal(ddl.bcast(x, root=0), x)
+    assert np.array_equal(ddl.allgather(x), x)
+    a, b = ddl.allreduce_n([x, np.ones(2, np.int64)])
+    assert np.array_equal(a, x) and np.array_equal(b, np.ones(2))
+    ddl.barrier()
+
+
+def test_bad_input_alone(alone):
+    with pytest.raises(ddl.DDLError, match="unknown reduction op"):
+        ddl.allreduce(np.ones(2), op="median")
+    ro = np.ones(2)
+    ro.flags.writeable = False
+    with pytest.raises(ddl.DDLError, match="read-only"):
+        ddl.allreduce(np.ones(2), out=ro)
+    with pytest.raises(ddl.DDLError, match="root 1"):
+        ddl.broadcast(np.ones(2), root=1)
+
+
+def test_init_is_idempotent_and_refuses_new_arguments(alone):
+    c = ddl.init()
+    assert ddl.init() is c and ddl.initialized()
+    with pytest.raises(ddl.DDLError, match="already initialised"):
+        ddl.init(options="-algo ring")
+    ddl.finalize()
+    assert ddl.init(options="-algo ring -timeout 5").options.algo == "ring"
+
+
+def test_bad_options_at_init(alone):
+    with pytest.raises(ddl.DDLError, match="unknown DDL option"):
+        ddl.init(options="-frobnicate 1")
+    with pytest.raises(ddl.DDLError, match="invalid dim size=8 usr_size=1"):
+        ddl.init(options="-mode r:4x2")
+
+
+def test_native_library_never_calls_mpi_collectives():
+    """ddl's algorithms run on point-to-point messages only: the executor does not even link MPI's
+    allreduce, reduce-scatter or allgather."""
+    from ddl import _native
+
+    nm = subprocess.run(["nm", "-D", "--undefined-only", _native.__file__], capture_output=True, text=True)
+    assert nm.returncode == 0 and "MPI_Isend" in nm.stdout
+    for banned in ("MPI_Allreduce", "MPI_Reduce_scatter", "MPI_Allgather", "MPI_Iallreduce"):
+        assert banned not in nm.stdout
