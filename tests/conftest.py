@@ -1,4 +1,5 @@
 """Shared test set-up. Under mpiexec, a guard makes sure no rank waits forever for a peer that failed."""
+import json
 import os
 import sys
 import time
@@ -21,7 +22,18 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    """Also leaves this rank's counts in $DDL_TEST_RESULTS_DIR (mpi_suite.py reads them: the ranks' printed
+    summaries may interleave on one line)."""
     session.config._ddl_exit = int(exitstatus)
+    where = os.environ.get("DDL_TEST_RESULTS_DIR")
+    if where and _under_mpi(session.config):
+        from mpi4py import MPI
+
+        stats = session.config.pluginmanager.get_plugin("terminalreporter").stats
+        counts = {k: len([r for r in stats.get(k, []) if getattr(r, "when", "call") in ("call", "setup")])
+                  for k in ("passed", "failed", "skipped", "error")}
+        with open(os.path.join(where, f"rank{MPI.COMM_WORLD.rank}.json"), "w") as f:
+            json.dump({**counts, "exit": int(exitstatus)}, f)
 
 
 def pytest_unconfigure(config):

@@ -5,16 +5,38 @@ Nothing can hang: pytest-timeout (thread method) ends a stuck test, the exit gua
 job if a peer never arrives, mpiexec's own timeout ends the job, and subprocess's timeout ends mpiexec.
 """
 import argparse
+import glob
+import json
 import os
-import re
 import subprocess
 import sys
+import tempfile
 
 from ddl import mpirun  # the installed ddl: run this from tests/, so the source tree is not on sys.path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
+
+def run_once(n: int, pytest_args: list[str], timeout: int) -> tuple[bool, dict, str]:
+    """One mpiexec job; (ok, counts, output). Each rank leaves its counts in a file (conftest.py)."""
+    argv = [sys.executable, "-m", "pytest", "-q", "--color=no", "-p", "no:cacheprovider", "--with-mpi",
+            "--timeout=300", "--timeout-method=thread", *pytest_args]
+    cmd, env = mpirun.command(n, argv, timeout=timeout)
+    print(f"+ {' '.join(cmd)}", flush=True)
+    with tempfile.TemporaryDirectory() as results:
+        env = {**os.environ, **env, "DDL_TEST_RESULTS_DIR": results}
+        try:
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, errors="replace",
+                                 timeout=timeout + 60, cwd=HERE)
+            text, rc = out.stdout + out.stderr, out.returncode
+        except subprocess.TimeoutExpired as e:
+            text, rc = f"{e.stdout or ''}{e.stderr or ''}\nmpiexec did not finish in time", 124
+        ranks = [json.load(open(f)) for f in glob.glob(os.path.join(results, "rank*.json"))]
+    counts = {"passed": max((r["passed"] for r in ranks), default=0),
+              "failed": sum(r["failed"] + r["error"] for r in ranks),
+              "skipped": max((r["skipped"] for r in ranks), default=0), "ranks": len(ranks), "exit": rc}
+    ok = rc == 0 and len(ranks) == n and counts["failed"] == 0 and all(r["exit"] == 0 for r in ranks)
+    return ok, counts, text
 
 
 def main() -> int:
@@ -26,34 +48,15 @@ def main() -> int:
     totals = {"passed": 0, "failed": 0, "skipped": 0}
     status = 0
     for n in args.ranks:
-        argv = [sys.executable, "-m", "pytest", "-q", "--color=no", "-p", "no:cacheprovider", "--with-mpi",
-                "--timeout=300", "--timeout-method=thread", *args.pytest_args]
-        cmd, env = mpirun.command(n, argv, timeout=args.timeout)
-        print(f"+ {' '.join(cmd)}", flush=True)
-        try:
-            out = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, errors="replace",
-                                 timeout=args.timeout + 60, cwd=HERE)
-            text, rc = out.stdout + out.stderr, out.returncode
-        except subprocess.TimeoutExpired as e:
-            text, rc = f"{e.stdout or ''}{e.stderr or ''}\nmpiexec did not finish in time", 124
-        counts = {"passed": 0, "failed": 0, "skipped": 0}
-        summaries = 0
-        for line in text.splitlines():
-            if " in " in line and ("passed" in line or "failed" in line) and not line.startswith(" "):
-                summaries += 1
-                found = {k.rstrip("s") if k.startswith("error") else k: int(v) for v, k in SUMMARY.findall(line)}
-                counts["passed"] = max(counts["passed"], found.get("passed", 0))
-                counts["skipped"] = max(counts["skipped"], found.get("skipped", 0))
-                counts["failed"] += found.get("failed", 0) + found.get("error", 0)
-        ok = rc == 0 and summaries == n and counts["failed"] == 0
+        ok, c, text = run_once(n, args.pytest_args, args.timeout)
         if not ok:
             status = 1
-            counts["failed"] = max(counts["failed"], 1)
+            c["failed"] = max(c["failed"], 1)
             print(text[-20000:])
-        print(f"-n {n}: {'ok' if ok else 'FAILED'} ({counts['passed']} passed, {counts['failed']} failed, "
-              f"{counts['skipped']} skipped on each of {summaries}/{n} ranks, exit {rc})", flush=True)
+        print(f"-n {n}: {'ok' if ok else 'FAILED'} ({c['passed']} passed, {c['failed']} failed, "
+              f"{c['skipped']} skipped on each of {c['ranks']}/{n} ranks, exit {c['exit']})", flush=True)
         for k in totals:
-            totals[k] += counts[k]
+            totals[k] += c[k]
     print(f"mpi: {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped")
     return status
 

@@ -1,0 +1,59 @@
+"""Type stubs for the native executor (native/bindings.cpp)."""
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+class DType(Enum):
+    float16 = 0
+    bfloat16 = 1
+    float32 = 2
+    float64 = 3
+    int32 = 4
+    int64 = 5
+    uint8 = 6
+
+class ReduceOp(Enum):
+    sum = 0
+    prod = 1
+    min = 2
+    max = 3
+
+def reduce_into(dst: Any, src: Any, dtype: DType, op: ReduceOp) -> None: ...
+def scale(buf: Any, dtype: DType, factor: float) -> None: ...
+
+class Program:
+    def __init__(self, rows: np.ndarray, scratch_elems: int, tags: int) -> None: ...
+    @property
+    def nsteps(self) -> int: ...
+    @property
+    def nrounds(self) -> int: ...
+
+class Plan:
+    def __init__(self, programs: list[Program], blocks: np.ndarray, inflight: int) -> None: ...
+    @property
+    def extent(self) -> int: ...
+    @property
+    def nblocks(self) -> int: ...
+
+class LoopbackHub:
+    def __init__(self, size: int) -> None: ...
+    @property
+    def size(self) -> int: ...
+
+class Executor:
+    @staticmethod
+    def mpi(comm: Any) -> Executor: ...
+    @staticmethod
+    def loopback(hub: LoopbackHub, rank: int) -> Executor: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def transport(self) -> str: ...
+    @property
+    def broken(self) -> bool: ...
+    def run(self, plan: Plan, buf: Any, dtype: DType, op: ReduceOp, timeout: float, label: str) -> None: ...
+    def run_header(self, plan: Plan, buf: Any, dtype: DType, op: ReduceOp, timeout: float, label: str,
+                   h0: int, h1: int, capacity: int) -> tuple[int, int]: ...
