@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,6 +42,18 @@ def default_block_bytes(nbytes: int) -> int:
     """Pipeline block size: blocks large enough that per-message costs stay small, and at least 4 blocks
     for large buffers so that reducing one block overlaps moving the next."""
     return min(4 << 20, max(256 << 10, nbytes // 4))
+
+
+@dataclass(frozen=True)
+class _Signature:
+    text: str                 # the call, as error messages show it
+    dtype: object             # _native.DType, None if invalid
+    op: object                # _native.ReduceOp, None if invalid
+    problem: str | None       # why the call is invalid on this rank
+    hash: int
+    plan: CompiledPlan        # the agreement round's plan (with the payload when fused)
+    fused: bool               # the payload rides in the agreement round
+    factor: float             # 1/size for avg
 
 
 class Communicator:
@@ -113,14 +126,16 @@ class Communicator:
                       f"elements, {plan.inflight} in flight", file=sys.stderr)
         return plan
 
+    def _agreement_plan(self, count: int) -> CompiledPlan:
+        return self._plan(("agree", count), lambda: compile_blocks(
+            lambda n: recursive_doubling_allreduce(self.rank, self.size, n, keep_empty=True),
+            count, max(count, 1), 1, "recursive_doubling"))
+
     def _agree(self, call: str, problem: str | None, work: np.ndarray, dtype, op) -> None:
         """The agreement round; ``work`` (possibly empty) is reduced in it. Raises on every rank if ranks
         disagree, or if they all agree on the same invalid call."""
         h = self._call_hash(problem or call)
-        count = work.size
-        plan = self._plans.get(("agree", count)) or self._plan(("agree", count), lambda: compile_blocks(
-            lambda n: recursive_doubling_allreduce(self.rank, self.size, n, keep_empty=True),
-            count, max(count, 1), 1, "recursive_doubling"))
+        plan = self._agreement_plan(work.size)
         merged = self._executor.run_header(plan.native, raw(work), dtype, op, self.options.timeout, call,
                                            h, -h, AGREEMENT_CAPACITY)
         if merged != (h, -h):
@@ -167,27 +182,33 @@ class Communicator:
 
     # -- collectives ------------------------------------------------------------------------------------
 
-    def _describe_allreduce(self, shape, dtype: np.dtype, op) -> tuple:
-        """(call text, native dtype, native op, problem) for a call signature; cached, as small allreduces
-        would otherwise spend most of their time formatting and validating."""
+    def _signature(self, shape, dtype: np.dtype, op) -> "_Signature":
+        """What an allreduce call signature means, worked out once and cached: small allreduces would
+        otherwise spend most of their time formatting, hashing and validating."""
         key = (shape, dtype, op)
-        info = self._signatures.get(key)
-        if info is None:
+        sig = self._signatures.get(key)
+        if sig is None:
             problem, code, rop = None, None, None
             try:
                 code, rop = native_dtype(dtype), native_op(op, dtype)
             except DDLError as e:
                 problem = str(e)
-            info = (f"allreduce(shape={shape}, dtype={dtype}, op={op})", code, rop, problem)
+            count = int(np.prod(shape, dtype=np.int64))
+            fused = problem is None and self._fused(count * dtype.itemsize)
+            text = f"allreduce(shape={shape}, dtype={dtype}, op={op})"
+            sig = _Signature(text, code, rop, problem, self._call_hash(problem or text),
+                             self._agreement_plan(count if fused else 0), fused,
+                             1.0 / self.size if op == "avg" else 1.0)
             if len(self._signatures) > 4 * PLAN_CACHE_SIZE:
                 self._signatures.clear()
-            self._signatures[key] = info
-        return info
+            self._signatures[key] = sig
+        return sig
 
     def allreduce(self, array, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
         started = time.perf_counter() if self.options.dump_iter else 0.0
         a = np.asarray(array)
-        call, dtype, rop, problem = self._describe_allreduce(a.shape, a.dtype, op)
+        sig = self._signature(a.shape, a.dtype, op)
+        problem = sig.problem
         if out is not None and problem is None:
             try:
                 _check_out(out, a)
@@ -196,24 +217,39 @@ class Communicator:
         if self.size == 1:
             if problem:
                 raise DDLError(f"rank {self.rank}: {problem}")
-            return _deliver(np.array(a, order="C"), out)
-        original = a.copy() if self.options.check is not None else a
-        fused = problem is None and self._fused(a.nbytes)
-        with self._lock:
-            work = np.array(a, order="C").reshape(-1) if fused else np.empty(0, np.float32)
-            self._agree(call, problem, work, dtype if fused else _native.DType.float32,
-                        rop if fused else _native.ReduceOp.sum)
-            if not fused:
-                work = _work_buffer(a, out)
-                self._run_allreduce(work, dtype, rop, call)
-            if op == "avg":
-                _native.scale(raw(work), dtype, 1.0 / self.size)
-            if self.options.check is not None:
-                self._check_against_mpi(original, work, op, call)
-        result = _deliver(work.reshape(a.shape), out)
+            result = _deliver(np.array(a, order="C"), out)
+        elif problem is None and sig.fused and self.options.check is None:
+            result = self._small_allreduce(a, out, sig)
+        else:
+            result = self._large_allreduce(a, out, op, sig, problem)
         if self.options.dump_iter:
             self._dump(time.perf_counter() - started, a.nbytes)
         return result
+
+    def _small_allreduce(self, a: np.ndarray, out, sig: "_Signature") -> np.ndarray:
+        """The whole call is the agreement round: one native call, one latency-optimal exchange."""
+        src = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+        dst = out if out is not None and out.flags.c_contiguous else np.empty(a.shape, a.dtype)
+        with self._lock:
+            agreed = self._executor.run_small(sig.plan.native, raw(src), raw(dst), sig.dtype, sig.op,
+                                              self.options.timeout, sig.text, sig.hash, AGREEMENT_CAPACITY,
+                                              sig.factor)
+            if not agreed:
+                self._report_mismatch(sig.text)
+        return _deliver(dst, out)
+
+    def _large_allreduce(self, a: np.ndarray, out, op: str, sig: "_Signature", problem: str | None) -> np.ndarray:
+        """Agreement round without payload, then the pipelined plan on the result buffer."""
+        original = a.copy() if self.options.check is not None else a
+        with self._lock:
+            self._agree(sig.text, problem, np.empty(0, np.float32), _native.DType.float32, _native.ReduceOp.sum)
+            work = _work_buffer(a, out)
+            self._run_allreduce(work, sig.dtype, sig.op, sig.text)
+            if sig.factor != 1.0:
+                _native.scale(raw(work), sig.dtype, sig.factor)
+            if self.options.check is not None:
+                self._check_against_mpi(original, work, op, sig.text)
+        return _deliver(work.reshape(a.shape), out)
 
     def allreduce_n(self, arrays, op: str = "sum") -> list[np.ndarray]:
         """Many arrays in one allreduce per dtype: packed into one buffer, reduced, unpacked (IBM's name)."""
@@ -356,9 +392,10 @@ def _work_buffer(a: np.ndarray, out: np.ndarray | None) -> np.ndarray:
 
 
 def _deliver(result: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    if out is None:
-        return result
-    if not np.shares_memory(result, out) or result.ctypes.data != out.ctypes.data:
+    """``result`` into ``out`` unless it already lives there (as out itself or a reshaped view of it)."""
+    if out is None or result is out:
+        return out if out is not None else result
+    if result.__array_interface__["data"][0] != out.__array_interface__["data"][0] or result.shape != out.shape:
         np.copyto(out, result)
     return out
 

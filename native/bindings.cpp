@@ -53,8 +53,8 @@ PyPlan make_plan(const std::vector<Program>& programs, const Rows& blocks, int32
 
 // Checked as bytes, so a caller may hand over any view of its data (bfloat16 arrays cannot export a buffer
 // format, so they arrive as uint16 views).
-void* writable_buffer(const py::buffer& buf, DType dtype, int64_t extent) {
-  py::buffer_info info = buf.request(/*writable=*/true);
+void* contiguous_buffer(const py::buffer& buf, DType dtype, int64_t extent, bool writable) {
+  py::buffer_info info = buf.request(writable);
   py::ssize_t expect = info.itemsize;
   for (py::ssize_t d = info.ndim; d-- > 0;) {  // C-contiguous only
     if (info.shape[d] > 1 && info.strides[d] != expect) throw std::invalid_argument("buffer is not C-contiguous");
@@ -65,6 +65,10 @@ void* writable_buffer(const py::buffer& buf, DType dtype, int64_t extent) {
     throw std::invalid_argument("buffer holds " + std::to_string(have) + " bytes, plan needs " +
                                 std::to_string(extent) + " elements of " + dtype_name(dtype));
   return info.ptr;
+}
+
+void* writable_buffer(const py::buffer& buf, DType dtype, int64_t extent) {
+  return contiguous_buffer(buf, dtype, extent, true);
 }
 
 int64_t elements(const py::buffer& buf, DType dtype) {
@@ -170,5 +174,28 @@ PYBIND11_MODULE(_native, m) {
         return py::make_tuple(opt.header[0], opt.header[1]);
       }, py::arg("plan"), py::arg("buf"), py::arg("dtype"), py::arg("op"), py::arg("timeout"), py::arg("label"),
          py::arg("h0"), py::arg("h1"), py::arg("capacity"),
-         "Runs a plan whose messages carry a 2 x int64 header merged by max; returns the merged header.");
+         "Runs a plan whose messages carry a 2 x int64 header merged by max; returns the merged header.")
+      .def("run_small", [](Executor& ex, const PyPlan& plan, const py::buffer& src, const py::buffer& dst,
+                           DType dtype, ReduceOp op, double timeout, const std::string& label, int64_t hash,
+                           int64_t capacity, double factor) {
+        const int64_t n = elements(src, dtype);
+        if (n != plan.extent && !(n == 0 && plan.extent == 0))
+          throw std::invalid_argument("source holds " + std::to_string(n) + " elements, plan moves " +
+                                      std::to_string(plan.extent));
+        void* out = writable_buffer(dst, dtype, n);
+        const void* in = contiguous_buffer(src, dtype, n, false);
+        RunOptions opt;
+        opt.dtype = dtype;
+        opt.op = op;
+        opt.timeout_s = timeout;
+        opt.label = label;
+        opt.header_mode = true;
+        opt.header[0] = hash;
+        opt.header[1] = -hash;
+        opt.header_capacity = capacity;
+        py::gil_scoped_release nogil;
+        return ex.run_small(plan.plan, in, out, static_cast<size_t>(n) * dtype_size(dtype), factor, opt);
+      }, py::arg("plan"), py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"), py::arg("timeout"),
+         py::arg("label"), py::arg("hash"), py::arg("capacity"), py::arg("factor"),
+         "A whole small collective in one call: agreement and payload together; dst written only if all agreed.");
 }

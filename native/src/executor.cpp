@@ -269,6 +269,18 @@ Program make_program(const int64_t* rows, size_t nrows, int64_t scratch_elems, i
   return p;
 }
 
+bool Executor::run_small(const Plan& plan, const void* src, void* dst, size_t nbytes, double factor,
+                         RunOptions& opt) {
+  const int64_t mine[2] = {opt.header[0], opt.header[1]};
+  if (small_.size() < nbytes) small_.resize(nbytes);
+  if (nbytes) std::memcpy(small_.data(), src, nbytes);
+  run(plan, small_.data(), opt);
+  if (opt.header[0] != mine[0] || opt.header[1] != mine[1]) return false;
+  if (factor != 1.0) scale(small_.data(), static_cast<int64_t>(nbytes / dtype_size(opt.dtype)), opt.dtype, factor);
+  if (nbytes) std::memcpy(dst, small_.data(), nbytes);
+  return true;
+}
+
 void Executor::run(const Plan& plan, void* buf, RunOptions& opt) {
   if (!broken_.empty())
     throw TransportError("this communicator is unusable after an earlier failure (" + broken_ +

@@ -73,12 +73,16 @@ class Executor {
  public:
   explicit Executor(std::shared_ptr<Transport> t) : t_(std::move(t)) {}
   void run(const Plan& plan, void* buf, RunOptions& opt);
+  // A header-mode run on a private copy of src: if every rank's header agreed with this one's, the result is
+  // scaled by `factor` (1 for none) and written to dst (which may be src); otherwise dst is left untouched.
+  // Returns whether they agreed. One call for a whole small collective: its cost is latency, not bytes.
+  bool run_small(const Plan& plan, const void* src, void* dst, size_t nbytes, double factor, RunOptions& opt);
   Transport& transport() { return *t_; }
   bool broken() const { return !broken_.empty(); }
 
  private:
   std::shared_ptr<Transport> t_;
-  std::vector<char> arena_;
+  std::vector<char> arena_, small_;
   std::string broken_;
 };
 
