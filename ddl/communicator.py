@@ -29,7 +29,7 @@ from .plan import CompiledPlan, compile_blocks, native_program
 # Bytes of payload every agreement receive accepts, whatever a rank's own call: a rank with a different call
 # can then never overflow a receive. DDL_SMALL_BYTES is capped here.
 AGREEMENT_CAPACITY = 65536
-REPORT_BYTES = 256  # per rank, when ranks disagree and tell each other what they called
+REPORT_BYTES = 512  # per rank, when ranks disagree and tell each other what they called
 PLAN_CACHE_SIZE = 256
 _BYTE = _native.DType.uint8
 
@@ -144,18 +144,25 @@ class Communicator:
             raise DDLError(f"rank {self.rank}: {problem}")
 
     def _report_mismatch(self, mine: str) -> None:
-        """All ranks are here together: exchange what each called (fixed-size, in one agreement-free
-        reduction of disjoint slots), then raise the same MismatchError everywhere."""
+        """All ranks are here together: exchange what each called and with which settings (fixed-size slots,
+        summed in a plan that no setting can change), then raise the same MismatchError everywhere."""
         slots = np.zeros(self.size * REPORT_BYTES, dtype=np.uint8)
-        text = mine.encode()[:REPORT_BYTES]
+        text = f"{mine} | {self._settings}".encode()[:REPORT_BYTES]
         slots[self.rank * REPORT_BYTES:self.rank * REPORT_BYTES + len(text)] = np.frombuffer(text, np.uint8)
         words = slots.view(np.int64)
-        self._run_allreduce(words, _native.DType.int64, _native.ReduceOp.sum, "ddl mismatch report")
-        calls: dict[str, list[int]] = {}
-        for r in range(self.size):
-            raw = slots[r * REPORT_BYTES:(r + 1) * REPORT_BYTES].tobytes().rstrip(b"\0")
-            calls.setdefault(raw.decode(errors="replace"), []).append(r)
-        detail = "; ".join(f"ranks {_ranges(rs)}: {c}" for c, rs in calls.items())
+        plan = compile_blocks(lambda n: ALLREDUCE["ring"](self.rank, self.size, n), words.size, words.size, 1,
+                              "ring")
+        self._executor.run(plan.native, words, _native.DType.int64, _native.ReduceOp.sum, self.options.timeout,
+                           "ddl mismatch report")
+        reports = [slots[r * REPORT_BYTES:(r + 1) * REPORT_BYTES].tobytes().rstrip(b"\0").decode(errors="replace")
+                   for r in range(self.size)]
+        calls = [t.split(" | ")[0] for t in reports]
+        # Name the calls; only when every rank made the same call did the settings differ.
+        keys = reports if len(set(calls)) == 1 else calls
+        groups: dict[str, list[int]] = {}
+        for r, k in enumerate(keys):
+            groups.setdefault(k, []).append(r)
+        detail = "; ".join(f"ranks {_ranges(rs)}: {k}" for k, rs in groups.items())
         raise MismatchError(f"rank {self.rank}: ranks called ddl differently: {detail}")
 
     # -- plans ------------------------------------------------------------------------------------------
@@ -215,9 +222,7 @@ class Communicator:
             except DDLError as e:
                 problem = str(e)
         if self.size == 1:
-            if problem:
-                raise DDLError(f"rank {self.rank}: {problem}")
-            result = _deliver(np.array(a, order="C"), out)
+            result = _deliver(self._alone(a, problem), out)
         elif problem is None and sig.fused and self.options.check is None:
             result = self._small_allreduce(a, out, sig)
         else:
@@ -272,15 +277,11 @@ class Communicator:
     def broadcast(self, array, root: int = 0) -> np.ndarray:
         """A copy of root's array on every rank (any fixed-size dtype; every rank passes the same shape)."""
         a = np.asarray(array)
-        problem = None
+        problem = _unmovable(a, "broadcast")
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
             problem = f"broadcast root {root!r} is not a rank of this communicator (0..{self.size - 1})"
-        elif a.dtype.hasobject:
-            problem = f"cannot broadcast dtype {a.dtype} (objects have no fixed size)"
         if self.size == 1:
-            if problem:
-                raise DDLError(f"rank {self.rank}: {problem}")
-            return np.array(a, order="C")
+            return self._alone(a, problem)
         call = f"broadcast(shape={a.shape}, dtype={a.dtype}, root={root})"
         result = np.array(a, order="C")
         data = result.reshape(-1).view(np.uint8)
@@ -298,15 +299,11 @@ class Communicator:
     def allgather(self, array) -> np.ndarray:
         """Every rank's array concatenated along the first axis, in rank order (first dims may differ)."""
         a = np.asarray(array)
-        problem = None
+        problem = _unmovable(a, "allgather")
         if a.ndim == 0:
             problem = "allgather needs at least one dimension (it concatenates along the first)"
-        elif a.dtype.hasobject:
-            problem = f"cannot allgather dtype {a.dtype} (objects have no fixed size)"
         if self.size == 1:
-            if problem:
-                raise DDLError(f"rank {self.rank}: {problem}")
-            return np.array(a, order="C")
+            return self._alone(a, problem)
         call = f"allgather(shape=(*, {', '.join(map(str, a.shape[1:]))}), dtype={a.dtype})"
         rows = np.zeros(self.size, dtype=np.int64)
         rows[self.rank] = a.shape[0] if a.ndim else 0
@@ -334,6 +331,12 @@ class Communicator:
             return
         with self._lock:
             self._agree("barrier()", None, np.empty(0, np.uint8), _BYTE, _native.ReduceOp.sum)
+
+    def _alone(self, a: np.ndarray, problem: str | None) -> np.ndarray:
+        """Any collective on one rank: a copy of the input, or the error."""
+        if problem:
+            raise DDLError(f"rank {self.rank}: {problem}")
+        return np.array(a, order="C")
 
     # -- diagnostics ------------------------------------------------------------------------------------
 
@@ -367,6 +370,10 @@ class Communicator:
                 print(f"[ddl] iter {self._calls}: allreduce {mean * 1e6:.1f} us per call over the last "
                       f"{self.options.dump_iter} (last {nbytes} bytes)", file=sys.stderr)
             self._call_seconds = 0.0
+
+
+def _unmovable(a: np.ndarray, what: str) -> str | None:
+    return f"cannot {what} dtype {a.dtype} (objects have no fixed size)" if a.dtype.hasobject else None
 
 
 def _check_out(out, a: np.ndarray) -> None:

@@ -78,6 +78,15 @@ def _number(name: str, value: str, kind=int, low=0):
     return v
 
 
+MAX_SEGMENT = 1 << 30  # a block is sent whole by some algorithms; MPI counts stop at 2 GiB
+
+
+def _segment(v: int) -> int:
+    if v > MAX_SEGMENT:
+        raise DDLError(f"segment of {v} bytes is above the limit of {MAX_SEGMENT} (1 GiB)")
+    return v
+
+
 def _from_environment(environ) -> Options:
     seg = config.get("DDL_SEGMENT_BYTES", environ)
     algo = config.get("DDL_ALGO", environ)
@@ -86,7 +95,7 @@ def _from_environment(environ) -> Options:
     return Options(
         timeout=_number("timeout (DDL_TIMEOUT)", config.get("DDL_TIMEOUT", environ), float, 0.001),
         algo=algo,
-        segment=None if seg == "auto" else _number("segment (DDL_SEGMENT_BYTES)", seg, int, 1),
+        segment=None if seg == "auto" else _segment(_number("segment (DDL_SEGMENT_BYTES)", seg, int, 1)),
         inflight=_number("inflight (DDL_INFLIGHT)", config.get("DDL_INFLIGHT", environ), int, 1),
         small_bytes=_number("small (DDL_SMALL_BYTES)", config.get("DDL_SMALL_BYTES", environ), int, 0),
     )
@@ -102,7 +111,7 @@ _PARSERS = {
     "check": ("check", lambda v: _number("check", v, float)),
     "timeout": ("timeout", lambda v: _number("timeout", v, float, 0.001)),
     "algo": ("algo", lambda v: v if v in ALGORITHMS else _bad_algo(v)),
-    "segment": ("segment", lambda v: _number("segment", v, int, 1)),
+    "segment": ("segment", lambda v: _segment(_number("segment", v, int, 1))),
     "inflight": ("inflight", lambda v: _number("inflight", v, int, 1)),
 }
 

@@ -76,6 +76,26 @@ int64_t elements(const py::buffer& buf, DType dtype) {
   return static_cast<int64_t>(info.size * info.itemsize / static_cast<py::ssize_t>(dtype_size(dtype)));
 }
 
+RunOptions run_options(DType dtype, ReduceOp op, double timeout, const std::string& label) {
+  RunOptions opt;
+  opt.dtype = dtype;
+  opt.op = op;
+  opt.timeout_s = timeout;
+  opt.label = label;
+  return opt;
+}
+
+// Header mode: messages carry {h0, h1}, merged by max; receives accept `capacity` bytes of payload.
+RunOptions header_options(DType dtype, ReduceOp op, double timeout, const std::string& label, int64_t h0,
+                          int64_t h1, int64_t capacity) {
+  RunOptions opt = run_options(dtype, op, timeout, label);
+  opt.header_mode = true;
+  opt.header[0] = h0;
+  opt.header[1] = h1;
+  opt.header_capacity = capacity;
+  return opt;
+}
+
 void run_plan(Executor& ex, const PyPlan& plan, const py::buffer& buf, RunOptions& opt) {
   void* ptr = writable_buffer(buf, opt.dtype, plan.extent);
   py::gil_scoped_release nogil;  // the buffer stays alive: the caller holds it
@@ -152,24 +172,12 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("broken", &Executor::broken)
       .def("run", [](Executor& ex, const PyPlan& plan, const py::buffer& buf, DType dtype, ReduceOp op,
                      double timeout, const std::string& label) {
-        RunOptions opt;
-        opt.dtype = dtype;
-        opt.op = op;
-        opt.timeout_s = timeout;
-        opt.label = label;
+        RunOptions opt = run_options(dtype, op, timeout, label);
         run_plan(ex, plan, buf, opt);
       }, py::arg("plan"), py::arg("buf"), py::arg("dtype"), py::arg("op"), py::arg("timeout"), py::arg("label"))
       .def("run_header", [](Executor& ex, const PyPlan& plan, const py::buffer& buf, DType dtype, ReduceOp op,
                             double timeout, const std::string& label, int64_t h0, int64_t h1, int64_t capacity) {
-        RunOptions opt;
-        opt.dtype = dtype;
-        opt.op = op;
-        opt.timeout_s = timeout;
-        opt.label = label;
-        opt.header_mode = true;
-        opt.header[0] = h0;
-        opt.header[1] = h1;
-        opt.header_capacity = capacity;
+        RunOptions opt = header_options(dtype, op, timeout, label, h0, h1, capacity);
         run_plan(ex, plan, buf, opt);
         return py::make_tuple(opt.header[0], opt.header[1]);
       }, py::arg("plan"), py::arg("buf"), py::arg("dtype"), py::arg("op"), py::arg("timeout"), py::arg("label"),
@@ -184,15 +192,7 @@ PYBIND11_MODULE(_native, m) {
                                       std::to_string(plan.extent));
         void* out = writable_buffer(dst, dtype, n);
         const void* in = contiguous_buffer(src, dtype, n, false);
-        RunOptions opt;
-        opt.dtype = dtype;
-        opt.op = op;
-        opt.timeout_s = timeout;
-        opt.label = label;
-        opt.header_mode = true;
-        opt.header[0] = hash;
-        opt.header[1] = -hash;
-        opt.header_capacity = capacity;
+        RunOptions opt = header_options(dtype, op, timeout, label, hash, -hash, capacity);
         py::gil_scoped_release nogil;
         return ex.run_small(plan.plan, in, out, static_cast<size_t>(n) * dtype_size(dtype), factor, opt);
       }, py::arg("plan"), py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"), py::arg("timeout"),

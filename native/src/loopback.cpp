@@ -16,25 +16,17 @@ void LoopbackHub::complete(Op& send, Op& recv, int src, int dst) {
   recv.done.store(true, std::memory_order_release);
 }
 
-void LoopbackHub::post_send(int src, int dst, int tag, std::shared_ptr<Op> op) {
+void LoopbackHub::post(bool is_send, int src, int dst, int tag, std::shared_ptr<Op> op) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto& waiting = recvs_[{src, dst, tag}];
+  auto& waiting = (is_send ? recvs_ : sends_)[{src, dst, tag}];  // the other side's queue
   if (waiting.empty()) {
-    sends_[{src, dst, tag}].push_back(std::move(op));
+    (is_send ? sends_ : recvs_)[{src, dst, tag}].push_back(std::move(op));
     return;
   }
-  complete(*op, *waiting.front(), src, dst);
-  waiting.pop_front();
-}
-
-void LoopbackHub::post_recv(int src, int dst, int tag, std::shared_ptr<Op> op) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto& waiting = sends_[{src, dst, tag}];
-  if (waiting.empty()) {
-    recvs_[{src, dst, tag}].push_back(std::move(op));
-    return;
-  }
-  complete(*waiting.front(), *op, src, dst);
+  if (is_send)
+    complete(*op, *waiting.front(), src, dst);
+  else
+    complete(*waiting.front(), *op, src, dst);
   waiting.pop_front();
 }
 
@@ -60,7 +52,7 @@ Handle LoopbackTransport::isend(const void* data, size_t nbytes, int peer, int t
   auto op = std::make_shared<LoopbackHub::Op>();
   op->data = const_cast<void*>(data);
   op->nbytes = nbytes;
-  hub_->post_send(rank_, peer, tag, op);
+  hub_->post(true, rank_, peer, tag, op);
   return keep(std::move(op));
 }
 
@@ -69,7 +61,7 @@ Handle LoopbackTransport::irecv(void* data, size_t nbytes, int peer, int tag) {
   auto op = std::make_shared<LoopbackHub::Op>();
   op->data = data;
   op->nbytes = nbytes;
-  hub_->post_recv(peer, rank_, tag, op);
+  hub_->post(false, peer, rank_, tag, op);
   return keep(std::move(op));
 }
 

@@ -213,3 +213,38 @@ def test_size_one_returns_a_copy():
     assert y is not x and np.array_equal(y, x)
     with pytest.raises(DDLError, match="rank 0: unsupported dtype"):
         c.allreduce(np.ones(2, np.complex64))
+
+
+def test_different_collectives_are_reported_not_hung():
+    calls = [lambda c: c.allreduce(np.ones(3)), lambda c: c.barrier(), lambda c: c.broadcast(np.ones(3)),
+             lambda c: c.allgather(np.ones(3))]
+    _, errors = spawn(4, lambda c: calls[c.rank](c))
+    for e in errors:
+        assert isinstance(e, MismatchError)
+        for text in ("ranks 0: allreduce", "ranks 1: barrier()", "ranks 2: broadcast", "ranks 3: allgather"):
+            assert text in str(e)
+
+
+def test_settings_that_differ_across_ranks_are_named():
+    hub = _native.LoopbackHub(2)
+    comms = [Communicator.loopback(hub, 0, replace(BASE, algo="ring")), Communicator.loopback(hub, 1, BASE)]
+    errors = [None, None]
+
+    def body(r):
+        try:
+            comms[r].allreduce(np.ones(5))
+        except MismatchError as e:
+            errors[r] = str(e)
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    for e in errors:
+        assert "ranks 0: allreduce(shape=(5,), dtype=float64, op=sum) | algo=ring" in e
+        assert "ranks 1: allreduce(shape=(5,), dtype=float64, op=sum) | algo=auto" in e
+
+
+def test_dump_iter_and_dbg_level_report_on_rank_zero(capsys):
+    run_ok(2, lambda c: [c.allreduce(np.ones(10)) for _ in range(4)], replace(BASE, dump_iter=2, dbg_level=1))
+    err = capsys.readouterr().err
+    assert err.count("[ddl] iter") == 2 and "iter 4: allreduce" in err
+    assert "[ddl] plan ('agree', 10): recursive_doubling" in err

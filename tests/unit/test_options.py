@@ -42,3 +42,9 @@ def test_mode_dims_must_multiply_to_the_rank_count_with_ibms_message():
     parse_mode("p:6x2x1x1").check_size(12)
     with pytest.raises(DDLError, match=r"invalid dim size=8 usr_size=6 dim\[0\]=4 dim\[1\]=2"):
         parse_mode("r:4x2").check_size(6)
+
+
+def test_segment_is_capped_below_the_mpi_message_limit():
+    assert parse("-segment 1073741824", environ={}).segment == 1 << 30
+    with pytest.raises(DDLError, match="above the limit"):
+        parse("", environ={"DDL_SEGMENT_BYTES": str(2 << 30)})

@@ -25,8 +25,8 @@ class LoopbackHub {
     std::atomic<bool> done{false};
     std::string error;  // set before done, on a size mismatch
   };
-  void post_send(int src, int dst, int tag, std::shared_ptr<Op> op);
-  void post_recv(int src, int dst, int tag, std::shared_ptr<Op> op);
+  // Matches op with the oldest opposite operation of (src, dst, tag), or queues it.
+  void post(bool is_send, int src, int dst, int tag, std::shared_ptr<Op> op);
 
  private:
   using Key = std::tuple<int, int, int>;  // src, dst, tag
