@@ -20,7 +20,7 @@ $(STAMP): setup.py pyproject.toml $(wildcard native/*.cpp native/src/*.cpp nativ
 	touch $(STAMP)
 
 bench: $(STAMP)
-	$(VENV)/bin/ddl-bench --np 4 -b 8 -e 64M -f 8 -n 20 -w 5 -J bench-results.json
+	$(VENV)/bin/ddl-bench --np 4 -b 8 -e 64M -f 2 -n 20 -w 5 -J bench-results.json
 
 unit: $(STAMP)
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider unit

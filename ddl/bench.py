@@ -87,8 +87,10 @@ class Runner:
 
 
 def measure(runner: Runner, comm, count: int, dtype: np.dtype, op: str, iters: int, warmup: int,
-            check: bool) -> dict:
-    """Times (max over ranks of the mean per call) and checks one algorithm at one size."""
+            check: bool, min_seconds: float = 0.0) -> dict:
+    """Times (max over ranks of the mean per call) and checks one algorithm at one size. Small sizes run more
+    than ``iters`` iterations when needed to fill ``min_seconds``: on a shared CPU a few microsecond-long calls
+    say more about the scheduler than about the allreduce."""
     x = inputs(comm.rank, count, dtype, op)
     out = np.empty_like(x)
     ref = expected(comm.size, count, dtype, op) if check else None
@@ -99,13 +101,17 @@ def measure(runner: Runner, comm, count: int, dtype: np.dtype, op: str, iters: i
             out[...] = x
             runner(x, out, op, inplace)
             record[f"{key}_wrong"] = count_wrong(out, ref, op, dtype)
+        start = time.perf_counter()
         for _ in range(warmup):
             runner(x, out, op, inplace)
+        per_call = (time.perf_counter() - start) / max(warmup, 1)
+        n = max(iters, int(min_seconds / per_call) if per_call > 0 else iters)
+        n = comm.allreduce(n, op=runner.MPI.MAX)  # every rank runs the same number of calls
         comm.Barrier()
         start = time.perf_counter()
-        for _ in range(iters):
+        for _ in range(n):
             runner(x, out, op, inplace)
-        local = (time.perf_counter() - start) / max(iters, 1)
+        local = (time.perf_counter() - start) / max(n, 1)
         record[f"{key}_us"] = comm.allreduce(local, op=runner.MPI.MAX) * 1e6
     if check:
         from mpi4py import MPI
@@ -135,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-f", "--stepfactor", type=float, default=2.0)
     ap.add_argument("-n", "--iters", type=int, default=20)
     ap.add_argument("-w", "--warmup_iters", type=int, default=5)
+    ap.add_argument("-N", "--min-seconds", type=float, default=0.2,
+                    help="run more iterations where needed to time at least this long (0: exactly -n)")
     ap.add_argument("-c", "--check", type=int, default=1, help="verify results (1) or not (0)")
     ap.add_argument("-d", "--datatype", default="float", choices=sorted(DTYPES))
     ap.add_argument("-o", "--op", default="sum", choices=["sum", "avg", "prod", "min", "max"])
@@ -164,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     if comm.rank == 0:
         print(f"# ddl-bench allreduce: {n} ranks on {ddl.num_hosts()} host(s), {MPI.Get_library_version().splitlines()[0]}")
-        print(f"# dtype {dtype.name}, op {args.op}, {args.iters} iterations after {args.warmup_iters} warm-up; "
-              f"time = max over ranks of the mean per call")
+        print(f"# dtype {dtype.name}, op {args.op}, at least {args.iters} iterations and {args.min_seconds} s "
+              f"after {args.warmup_iters} warm-up; time = max over ranks of the mean per call")
         print("#")
         print(f"# {'':>52}{'out-of-place':>30}{'in-place':>32}")
         print(f"# {'size':>10} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'algo':>5}"
@@ -177,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         for runner in runners:
             if not runner.supports(dtype):
                 continue
-            rec = measure(runner, comm, count, dtype, args.op, args.iters, args.warmup_iters, bool(args.check))
+            rec = measure(runner, comm, count, dtype, args.op, args.iters, args.warmup_iters, bool(args.check),
+                          args.min_seconds)
             rec.update(size=count * dtype.itemsize, count=count, type=dtype.name, redop=args.op, algo=runner.algo,
                        ranks=n)
             for key in ("out", "in"):

@@ -26,7 +26,7 @@ SETTINGS = {
         Setting("DDL_ALGO", "auto", "force the flat allreduce algorithm: auto, ring, rabenseifner, recursive_doubling"),
         Setting("DDL_SEGMENT_BYTES", "auto", "bytes per pipeline block for large messages (auto: chosen by the planner)"),
         Setting("DDL_INFLIGHT", "2", "pipeline blocks in flight at once"),
-        Setting("DDL_SMALL_BYTES", "4096", "largest payload carried in the agreement round itself (latency path)"),
+        Setting("DDL_SMALL_BYTES", "65536", "largest payload carried in the agreement round itself (latency path)"),
     )
 }
 

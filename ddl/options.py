@@ -53,7 +53,7 @@ class Options:
     algo: str = "auto"
     segment: int | None = None      # bytes per pipeline block; None: the planner decides
     inflight: int = 2
-    small_bytes: int = 4096
+    small_bytes: int = 65536
     extra: dict = field(default_factory=dict)
 
 
