@@ -100,7 +100,8 @@ class Communicator:
         return cls(_native.Executor.loopback(hub, rank), rank, hub.size, options)
 
     def close(self) -> None:
-        self._executor = None
+        """Releases the communicator; any later collective on it raises DDLError."""
+        self._executor = _Closed()
         if self._mpi is not None:
             self._mpi.Free()
             self._mpi = None
@@ -117,7 +118,9 @@ class Communicator:
 
     def _plan(self, key, build) -> CompiledPlan:
         plan = self._plans.get(key)
-        if plan is None:
+        if plan is not None:
+            self._plans.move_to_end(key)
+        else:
             plan = build()
             self._plans[key] = plan
             if len(self._plans) > PLAN_CACHE_SIZE:
@@ -193,7 +196,7 @@ class Communicator:
     def _signature(self, shape, dtype: np.dtype, op) -> "_Signature":
         """What an allreduce call signature means, worked out once and cached: small allreduces would
         otherwise spend most of their time formatting, hashing and validating."""
-        key = (shape, dtype, op)
+        key = (shape, dtype, op if isinstance(op, str) else repr(op))
         sig = self._signatures.get(key)
         if sig is None:
             problem, code, rop = None, None, None
@@ -371,6 +374,13 @@ class Communicator:
                 print(f"[ddl] iter {self._calls}: allreduce {mean * 1e6:.1f} us per call over the last "
                       f"{self.options.dump_iter} (last {nbytes} bytes)", file=sys.stderr)
             self._call_seconds = 0.0
+
+
+class _Closed:
+    """Stands in for the executor of a closed communicator."""
+
+    def __getattr__(self, name):
+        raise DDLError("this ddl communicator was closed (ddl.finalize() or Communicator.close())")
 
 
 def _unmovable(a: np.ndarray, what: str) -> str | None:

@@ -226,7 +226,6 @@ class Run {
     }
   named:
     what += ". The peer may have died, or ranks called different collectives.";
-    t_.abandon();
     throw TransportError(what);
   }
 
@@ -287,7 +286,10 @@ void Executor::run(const Plan& plan, void* buf, RunOptions& opt) {
                          "); call ddl.finalize() and ddl.init() to recreate it");
   try {
     Run(*t_, plan, static_cast<char*>(buf), opt, arena_).go();
-  } catch (const TransportError& e) {
+  } catch (const std::exception& e) {
+    // Whatever stopped the run, messages of it may still be posted: cancel them and refuse further runs,
+    // so nothing lands later in memory the caller has reused.
+    t_->abandon();
     broken_ = e.what();
     throw;
   }

@@ -30,6 +30,14 @@ void LoopbackHub::post(bool is_send, int src, int dst, int tag, std::shared_ptr<
   waiting.pop_front();
 }
 
+void LoopbackHub::forget(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [key, queue] : sends_)
+    if (std::get<0>(key) == rank) queue.clear();
+  for (auto& [key, queue] : recvs_)
+    if (std::get<1>(key) == rank) queue.clear();
+}
+
 Handle LoopbackTransport::keep(std::shared_ptr<LoopbackHub::Op> op) {
   if (!free_.empty()) {
     Handle h = free_.back();

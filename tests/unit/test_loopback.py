@@ -248,3 +248,17 @@ def test_dump_iter_and_dbg_level_report_on_rank_zero(capsys):
     err = capsys.readouterr().err
     assert err.count("[ddl] iter") == 2 and "iter 4: allreduce" in err
     assert "[ddl] plan ('agree', 10): recursive_doubling" in err
+
+
+def test_a_closed_communicator_says_so():
+    def body(c):
+        c.close()
+        with pytest.raises(DDLError, match="was closed"):
+            c.allreduce(np.ones(3))
+        return True
+    assert run_ok(2, body) == [True, True]
+
+
+def test_unhashable_op_is_a_ddlerror():
+    _, errors = spawn(2, lambda c: c.allreduce(np.ones(3), op=["sum"]))
+    assert all(type(e) is DDLError and "unknown reduction op ['sum']" in str(e) for e in errors)

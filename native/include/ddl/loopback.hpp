@@ -27,6 +27,8 @@ class LoopbackHub {
   };
   // Matches op with the oldest opposite operation of (src, dst, tag), or queues it.
   void post(bool is_send, int src, int dst, int tag, std::shared_ptr<Op> op);
+  // Drops every operation `rank` posted that is still unmatched (its buffers may go away).
+  void forget(int rank);
 
  private:
   using Key = std::tuple<int, int, int>;  // src, dst, tag
@@ -46,7 +48,11 @@ class LoopbackTransport final : public Transport {
   Handle isend(const void* data, size_t nbytes, int peer, int tag) override;
   Handle irecv(void* data, size_t nbytes, int peer, int tag) override;
   bool test(Handle h) override;
-  void abandon() override { slots_.clear(); }
+  void abandon() override {
+    hub_->forget(rank_);
+    slots_.clear();
+    free_.clear();
+  }
   void idle() override { std::this_thread::yield(); }
 
  private:
