@@ -159,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         if i is not None:
             del forward[i:i + 2]
         forward = [a for a in forward if not a.startswith("--np=")]
-        return run(args.np, [sys.executable, "-m", "ddl.bench", *forward], timeout=1800)
+        # Not `python -m ddl.bench`: that puts the working directory first on sys.path, and from a source
+        # checkout it would import the uncompiled tree instead of the installed ddl.
+        start = "import sys; del sys.path[0]; from ddl.bench import main; sys.exit(main())"
+        return run(args.np, [sys.executable, "-c", start, *forward], timeout=1800)
 
     import ddl
     from mpi4py import MPI
