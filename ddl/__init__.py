@@ -32,13 +32,15 @@ def _launched_by_mpi() -> bool:
     return any(v in os.environ for v in _LAUNCHER_VARIABLES)
 
 
-def init(comm=None, options: str | None = None) -> Communicator:
+def init(comm=None, options: str | None = None, hierarchy=None) -> Communicator:
     """Initialises ddl (idempotent). ``comm``: an mpi4py communicator (default: MPI.COMM_WORLD when launched
     by MPI). ``options``: IBM DDL's option string (default: $DDL_OPTIONS), e.g. ``"-mode r -check 1e-5"``.
+    ``hierarchy``: the tree large allreduces follow, as nested lists of ranks innermost group deepest (see
+    ddl.hierarchical); default: IBM's -mode dims if given, else the hosts MPI reports.
     Calling it again with other arguments after ddl is initialised is an error: finalize() first."""
     global _world
     if _world is not None:
-        if comm is None and options is None:
+        if comm is None and options is None and hierarchy is None:
             return _world
         raise DDLError("ddl is already initialised (perhaps implicitly by an earlier call); call "
                        "ddl.finalize() before ddl.init() with other arguments")
@@ -47,7 +49,8 @@ def init(comm=None, options: str | None = None) -> Communicator:
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
-    _world = Communicator.from_mpi(comm, opts) if comm is not None else Communicator(None, 0, 1, opts)
+    _world = (Communicator.from_mpi(comm, opts, hierarchy) if comm is not None
+              else Communicator(None, 0, 1, opts, hierarchy=hierarchy))
     return _world
 
 

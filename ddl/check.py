@@ -74,7 +74,7 @@ def check(schedule: Schedule) -> None:
         if set(sends) != set(recvs):
             pair = sorted(set(sends) ^ set(recvs))[0]
             raise ScheduleError(f"round {rnd}: messages from rank {pair[0]} to rank {pair[1]} have no partner")
-        written = defaultdict(set)
+        written = defaultdict(dict)
         updates = []
         for (src, dst), out in sends.items():
             ins = recvs[(src, dst)]
@@ -86,9 +86,12 @@ def check(schedule: Schedule) -> None:
                     raise ScheduleError(f"round {rnd}: rank {src} sends {a.offset}+{a.count} (tag {a.tag}) but "
                                         f"rank {dst} receives {b.offset}+{b.count} (tag {b.tag})")
                 cs = cell_range(b.offset, b.count)
-                if written[dst] & set(cs):
+                # Reductions into one range may share a round (the executor applies them one at a time);
+                # a copy may not overlap anything else received in its round.
+                kind = "reduce" if b.op is Op.RECV_REDUCE else "copy"
+                if any(written[dst].get(c, kind) != kind or kind == "copy" and c in written[dst] for c in cs):
                     raise ScheduleError(f"round {rnd}: rank {dst} receives overlapping ranges")
-                written[dst].update(cs)
+                written[dst].update((c, kind) for c in cs)
                 payload = [state[src][c] for c in cs]  # read before any receive of the round applies
                 updates.append((src, dst, b, cs, payload))
         for src, dst, step, cs, payload in updates:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _native, cost
+from . import _native, cost, hierarchical
 from .algorithms import ALLREDUCE, binomial_broadcast, recursive_doubling_allreduce, ring_allgather
 from .dtypes import FLOATING, native_dtype, native_op, raw
 from .errors import DDLError, MismatchError
@@ -61,7 +61,7 @@ class Communicator:
     """Runs ddl's collectives among the ranks of one executor (MPI or loopback) or alone (size 1)."""
 
     def __init__(self, executor, rank: int, size: int, options: Options | None = None, mpi_comm=None,
-                 local: tuple[int, int, int] | None = None):
+                 local: tuple[int, int, int] | None = None, hierarchy=None):
         self.options = options or parse()
         self._executor = executor
         self._mpi = mpi_comm  # kept alive for the executor; also the reference for -check
@@ -75,29 +75,55 @@ class Communicator:
         self._small = min(self.options.small_bytes, AGREEMENT_CAPACITY)
         if self.options.mode is not None:
             self.options.mode.check_size(size)
+        self.hierarchy = self._choose_hierarchy(hierarchy)
         # Settings that shape plans must match across ranks: they go into every call's hash.
         o = self.options
-        self._settings = f"algo={o.algo} segment={o.segment} inflight={o.inflight} small={self._small}"
+        tree = hierarchical.describe(self.hierarchy) if self.hierarchy else "flat"
+        self._settings = (f"algo={o.algo} segment={o.segment} inflight={o.inflight} small={self._small} "
+                          f"tree={_hash64(tree) & 0xffffffff:08x}")
+
+    def _choose_hierarchy(self, given):
+        """The tree large allreduces follow: given explicitly, else IBM's -mode dims, else the hosts found by
+        from_mpi; None (flat) when it has a single level."""
+        tree = given
+        if given is None and self.options.mode is not None and self.options.mode.dims:
+            tree = hierarchical.from_dims(self.options.mode.dims)
+        if tree is None:
+            return None
+        try:
+            tree = hierarchical.normalize(tree)
+        except ValueError as e:
+            raise DDLError(f"rank {self.rank}: bad hierarchy: {e}") from None
+        if len(hierarchical.leaves(tree)) != self.size:
+            raise DDLError(f"rank {self.rank}: the hierarchy holds {len(hierarchical.leaves(tree))} ranks, the "
+                           f"communicator {self.size}")
+        return tree if hierarchical.depth(tree) >= 2 else None
 
     # -- construction -----------------------------------------------------------------------------------
 
     @classmethod
-    def from_mpi(cls, comm, options: Options | None = None) -> "Communicator":
-        """ddl on an mpi4py communicator; it works on a private duplicate so its messages never meet yours."""
+    def from_mpi(cls, comm, options: Options | None = None, hierarchy=None) -> "Communicator":
+        """ddl on an mpi4py communicator; it works on a private duplicate so its messages never meet yours.
+        Ranks sharing memory form a host; with several hosts, large allreduces go through the hosts' tree
+        unless ``hierarchy`` (or -mode dims) says otherwise."""
         from mpi4py import MPI
 
         dup = comm.Dup()
         local = dup.Split_type(MPI.COMM_TYPE_SHARED)
-        hosts = dup.allreduce(1 if local.rank == 0 else 0)
-        where = (local.rank, local.size, hosts)
+        host_of_rank = dup.allgather(local.bcast(dup.rank))  # each host named by its first rank
+        where = (local.rank, local.size, len(set(host_of_rank)))
         local.Free()
         executor = _native.Executor.mpi(dup) if dup.size > 1 else None
-        return cls(executor, dup.rank, dup.size, options, mpi_comm=dup, local=where)
+        opts = options or parse()
+        if hierarchy is None and not (opts.mode and opts.mode.dims):
+            hierarchy = hierarchical.from_hosts(host_of_rank)
+        return cls(executor, dup.rank, dup.size, opts, mpi_comm=dup, local=where, hierarchy=hierarchy)
 
     @classmethod
-    def loopback(cls, hub: "_native.LoopbackHub", rank: int, options: Options | None = None) -> "Communicator":
+    def loopback(cls, hub: "_native.LoopbackHub", rank: int, options: Options | None = None,
+                 hierarchy=None) -> "Communicator":
         """One rank of an in-process group (ranks are threads); for tests without MPI."""
-        return cls(_native.Executor.loopback(hub, rank), rank, hub.size, options)
+        return cls(_native.Executor.loopback(hub, rank), rank, hub.size, options, hierarchy=hierarchy)
 
     def close(self) -> None:
         """Releases the communicator; any later collective on it raises DDLError."""
@@ -180,9 +206,13 @@ class Communicator:
         """ddl's own allreduce of a contiguous 1-D buffer, in place, with no agreement round."""
         if flat.size == 0:
             return
-        algo = self._allreduce_algorithm(flat.nbytes)
         block = self.options.segment or default_block_bytes(flat.nbytes)
-        gen = ALLREDUCE[algo]
+        if self.hierarchy is not None:
+            algo, tree = "hierarchical", self.hierarchy
+            gen = lambda rank, size, n: hierarchical.hierarchical_allreduce(rank, tree, n)  # noqa: E731
+        else:
+            algo = self._allreduce_algorithm(flat.nbytes)
+            gen = ALLREDUCE[algo]
         plan = self._plan(("allreduce", algo, flat.size, flat.itemsize), lambda: compile_blocks(
             lambda n: gen(self.rank, self.size, n), flat.size, max(1, block // flat.itemsize),
             self.options.inflight, algo))

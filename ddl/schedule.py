@@ -56,10 +56,11 @@ class Program:
     rank: int
     steps: tuple[Step, ...]
     rounds: int
+    width: int = 1  # messages one pair may exchange in one direction per round (the same on every rank)
 
     @property
     def tags(self) -> int:
-        return self.rounds * TAG_WIDTH
+        return self.rounds * self.width
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,8 @@ class Schedule:
     def from_json(cls, text: str) -> "Schedule":
         d = json.loads(text)
         programs = tuple(
-            Program(p["rank"], tuple(Step(**{**s, "op": Op(s["op"])}) for s in p["steps"]), p["rounds"])
+            Program(p["rank"], tuple(Step(**{**s, "op": Op(s["op"])}) for s in p["steps"]), p["rounds"],
+                    p.get("width", 1))
             for p in d["programs"]
         )
         return cls(
@@ -108,12 +110,8 @@ class Schedule:
         )
 
 
-# Messages one pair may exchange in one direction per round.
-TAG_WIDTH = 1
-
-
-def number_tags(steps: list[Step]) -> tuple[Step, ...]:
-    """Sort steps by round and give each message its tag, round * TAG_WIDTH + k for the k-th message with that
+def number_tags(steps: list[Step], width: int = 1) -> tuple[Step, ...]:
+    """Sort steps by round and give each message its tag, round * width + k for the k-th message with that
     peer in that direction in the round. Both sides count the same messages, so both compute the same tag."""
     steps = sorted(steps, key=lambda s: s.round)
     seen: dict[tuple[int, int, bool], int] = {}
@@ -122,9 +120,9 @@ def number_tags(steps: list[Step]) -> tuple[Step, ...]:
         key = (s.round, s.peer, s.op is Op.SEND)
         k = seen.get(key, 0)
         seen[key] = k + 1
-        if k >= TAG_WIDTH:
-            raise ValueError(f"more than {TAG_WIDTH} messages with rank {s.peer} in round {s.round}")
+        if k >= width:
+            raise ValueError(f"more than {width} messages with rank {s.peer} in round {s.round}")
         out.append((s, k))
-    return tuple(Step(s.round, s.op, s.peer, s.offset, s.count, s.round * TAG_WIDTH + k, s.level, s.transport)
+    return tuple(Step(s.round, s.op, s.peer, s.offset, s.count, s.round * width + k, s.level, s.transport)
                  for s, k in out)
 

@@ -13,6 +13,7 @@ from mpi4py import MPI
 import ddl
 from ddl import DDLError, MismatchError, TransportError
 from ddl.communicator import Communicator
+from ddl.hierarchical import depth, normalize
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
@@ -249,4 +250,47 @@ def test_a_rank_that_never_calls_makes_the_others_time_out_naming_a_peer():
                 comm.barrier()
     finally:
         COMM.Barrier()
+        comm.close()
+
+
+def trees():
+    """Hierarchies for any SIZE: two round-robin groups (uneven when SIZE is odd), and racks of nodes."""
+    out = [[list(range(0, SIZE, 2)), list(range(1, SIZE, 2))]]
+    if SIZE >= 4:
+        half = SIZE // 2
+        out.append([[list(range(0, half // 2)), list(range(half // 2, half))],
+                    [list(range(half, SIZE - 1)), [SIZE - 1]]])
+    return out
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("which", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, ml_dtypes.bfloat16], ids=name)
+def test_hierarchical_allreduce(which, dtype):
+    if which >= len(trees()):
+        pytest.skip("needs 4 ranks")
+    opts = replace(ddl.communicator().options, small_bytes=0, segment=256 << 10, inflight=2)
+    tree = trees()[which]
+    comm = Communicator.from_mpi(COMM, opts, hierarchy=tree)
+    try:
+        # groups of one rank do not branch: at 2 ranks the round-robin tree is flat
+        assert (comm.hierarchy is not None) == (depth(normalize(tree)) >= 2)
+        for n in (1, 10007, 1 << 20):
+            x = contribution(RANK, n, dtype, "sum")
+            assert_reduced(comm.allreduce(x, "sum"), n, dtype, "sum")
+            assert_reduced(comm.allreduce(contribution(RANK, n, dtype, "max"), "max"), n, dtype, "max")
+    finally:
+        comm.close()
+
+
+@pytest.mark.mpi(min_size=4)
+def test_ibm_mode_dims_plan_a_hierarchy():
+    if SIZE % 2:
+        pytest.skip("needs an even number of ranks")
+    comm = Communicator.from_mpi(COMM, replace(ddl.communicator().options, mode=ddl.options.parse_mode(
+        f"r:2x{SIZE // 2}"), small_bytes=0))
+    try:
+        assert comm.hierarchy == [[2 * i, 2 * i + 1] for i in range(SIZE // 2)]
+        assert_reduced(comm.allreduce(contribution(RANK, 30001, np.float32, "sum")), 30001, np.float32, "sum")
+    finally:
         comm.close()

@@ -56,8 +56,8 @@ def test_incomplete_result_is_reported():
         check(dataclasses.replace(s, programs=programs))
 
 
-def test_overlapping_receives_in_one_round_are_reported():
-    steps0 = (Step(0, Op.RECV_REDUCE, 1, 0, 4), Step(0, Op.RECV_REDUCE, 2, 2, 2, tag=0))
+def test_a_copy_overlapping_another_receive_in_its_round_is_reported():
+    steps0 = (Step(0, Op.RECV_REDUCE, 1, 0, 4), Step(0, Op.RECV_COPY, 2, 2, 2, tag=0))
     progs = (Program(0, steps0, 1), Program(1, (Step(0, Op.SEND, 0, 0, 4),), 1),
              Program(2, (Step(0, Op.SEND, 0, 2, 2),), 1))
     s = dataclasses.replace(schedule(Collective.ALLREDUCE, "ring", 3, 4), programs=progs)
@@ -75,3 +75,12 @@ def test_broadcast_must_deliver_the_roots_data():
     check(s)
     with pytest.raises(ScheduleError):
         check(dataclasses.replace(s, root=0))
+
+
+def test_reductions_into_one_range_may_share_a_round():
+    # ranks 1 and 2 both send everything to rank 0 in round 0 (a direct reduce), then rank 0 sends it back
+    progs = (Program(0, (Step(0, Op.RECV_REDUCE, 1, 0, 4), Step(0, Op.RECV_REDUCE, 2, 0, 4),
+                         Step(1, Op.SEND, 1, 0, 4), Step(1, Op.SEND, 2, 0, 4)), 2),
+             Program(1, (Step(0, Op.SEND, 0, 0, 4), Step(1, Op.RECV_COPY, 0, 0, 4)), 2),
+             Program(2, (Step(0, Op.SEND, 0, 0, 4), Step(1, Op.RECV_COPY, 0, 0, 4)), 2))
+    check(dataclasses.replace(schedule(Collective.ALLREDUCE, "ring", 3, 4), programs=progs))

@@ -262,3 +262,56 @@ def test_a_closed_communicator_says_so():
 def test_unhashable_op_is_a_ddlerror():
     _, errors = spawn(2, lambda c: c.allreduce(np.ones(3), op=["sum"]))
     assert all(type(e) is DDLError and "unknown reduction op ['sum']" in str(e) for e in errors)
+
+
+@pytest.mark.parametrize("tree", [
+    [[0, 1, 2], [3, 4, 5]],
+    [[0, 1, 2], [3, 4], [5]],
+    [[0, 2, 4], [1, 3, 5]],
+    [[[0, 1], [2]], [[3, 4], [5]]],
+])
+def test_hierarchical_allreduce_over_loopback(tree):
+    p = 6
+    opts = replace(BASE, segment=8192, inflight=3, small_bytes=0)
+    hub = _native.LoopbackHub(p)
+    comms = [Communicator.loopback(hub, r, opts, hierarchy=tree) for r in range(p)]
+    assert all(c.hierarchy is not None for c in comms)
+    results = [None] * p
+
+    def body(r):
+        results[r] = [comms[r].allreduce(contribution(r, n, dt, "sum"))
+                      for n, dt in ((1, np.float32), (4099, np.float64), (50_001, np.float32))]
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(p)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    for r in range(p):
+        for got, (n, dt) in zip(results[r], ((1, np.float32), (4099, np.float64), (50_001, np.float32))):
+            np.testing.assert_array_equal(got, expected(p, n, dt, "sum").astype(dt))
+    assert ("allreduce", "hierarchical", 50_001, 4) in comms[0]._plans
+
+
+def test_mode_dims_make_a_hierarchy_and_bad_ones_are_refused():
+    hub = _native.LoopbackHub(4)
+    c = Communicator.loopback(hub, 0, parse("-mode r:2x2", environ={}))
+    assert c.hierarchy == [[0, 1], [2, 3]]
+    with pytest.raises(DDLError, match="bad hierarchy"):
+        Communicator.loopback(hub, 0, BASE, hierarchy=[[0, 1], [1, 2, 3]])
+    with pytest.raises(DDLError, match="holds 3 ranks, the communicator 4"):
+        Communicator.loopback(hub, 0, BASE, hierarchy=[[0, 1], [2]])
+
+
+def test_ranks_with_different_hierarchies_get_a_mismatch():
+    hub = _native.LoopbackHub(4)
+    trees = [[[0, 1], [2, 3]]] * 2 + [[[0, 2], [1, 3]]] * 2
+    comms = [Communicator.loopback(hub, r, BASE, hierarchy=trees[r]) for r in range(4)]
+    errors = [None] * 4
+
+    def body(r):
+        try:
+            comms[r].allreduce(np.ones(100_000))
+        except MismatchError as e:
+            errors[r] = str(e)
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(4)]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    assert all(e and "ranks 0-1:" in e and "ranks 2-3:" in e and "tree=" in e for e in errors)
