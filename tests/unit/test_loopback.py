@@ -17,7 +17,12 @@ DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int32, np.i
 def spawn(p, fn, options=BASE):
     """Runs fn(comm) on p threads, one loopback rank each; returns (results, errors) by rank."""
     hub = _native.LoopbackHub(p)
-    comms = [Communicator.loopback(hub, r, options) for r in range(p)]
+    return spawn_on([Communicator.loopback(hub, r, options) for r in range(p)], fn)
+
+
+def spawn_on(comms, fn):
+    """Runs fn(comm) for each communicator on its own thread; returns (results, errors) by rank."""
+    p = len(comms)
     results, errors = [None] * p, [None] * p
 
     def body(r):
@@ -228,19 +233,11 @@ def test_different_collectives_are_reported_not_hung():
 def test_settings_that_differ_across_ranks_are_named():
     hub = _native.LoopbackHub(2)
     comms = [Communicator.loopback(hub, 0, replace(BASE, algo="ring")), Communicator.loopback(hub, 1, BASE)]
-    errors = [None, None]
-
-    def body(r):
-        try:
-            comms[r].allreduce(np.ones(5))
-        except MismatchError as e:
-            errors[r] = str(e)
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(2)]
-    [t.start() for t in threads]
-    [t.join(30) for t in threads]
+    _, errors = spawn_on(comms, lambda c: c.allreduce(np.ones(5)))
     for e in errors:
-        assert "ranks 0: allreduce(shape=(5,), dtype=float64, op=sum) | algo=ring" in e
-        assert "ranks 1: allreduce(shape=(5,), dtype=float64, op=sum) | algo=auto" in e
+        assert isinstance(e, MismatchError)
+        assert "ranks 0: allreduce(shape=(5,), dtype=float64, op=sum) | algo=ring" in str(e)
+        assert "ranks 1: allreduce(shape=(5,), dtype=float64, op=sum) | algo=auto" in str(e)
 
 
 def test_dump_iter_and_dbg_level_report_on_rank_zero(capsys):
@@ -276,16 +273,11 @@ def test_hierarchical_allreduce_over_loopback(tree):
     hub = _native.LoopbackHub(p)
     comms = [Communicator.loopback(hub, r, opts, hierarchy=tree) for r in range(p)]
     assert all(c.hierarchy is not None for c in comms)
-    results = [None] * p
-
-    def body(r):
-        results[r] = [comms[r].allreduce(contribution(r, n, dt, "sum"))
-                      for n, dt in ((1, np.float32), (4099, np.float64), (50_001, np.float32))]
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(p)]
-    [t.start() for t in threads]
-    [t.join(60) for t in threads]
+    cases = ((1, np.float32), (4099, np.float64), (50_001, np.float32))
+    results, errors = spawn_on(comms, lambda c: [c.allreduce(contribution(c.rank, n, dt, "sum")) for n, dt in cases])
+    assert errors == [None] * p
     for r in range(p):
-        for got, (n, dt) in zip(results[r], ((1, np.float32), (4099, np.float64), (50_001, np.float32))):
+        for got, (n, dt) in zip(results[r], cases):
             np.testing.assert_array_equal(got, expected(p, n, dt, "sum").astype(dt))
     assert ("allreduce", "hierarchical", 50_001, 4) in comms[0]._plans
 
@@ -304,14 +296,6 @@ def test_ranks_with_different_hierarchies_get_a_mismatch():
     hub = _native.LoopbackHub(4)
     trees = [[[0, 1], [2, 3]]] * 2 + [[[0, 2], [1, 3]]] * 2
     comms = [Communicator.loopback(hub, r, BASE, hierarchy=trees[r]) for r in range(4)]
-    errors = [None] * 4
-
-    def body(r):
-        try:
-            comms[r].allreduce(np.ones(100_000))
-        except MismatchError as e:
-            errors[r] = str(e)
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(4)]
-    [t.start() for t in threads]
-    [t.join(30) for t in threads]
-    assert all(e and "ranks 0-1:" in e and "ranks 2-3:" in e and "tree=" in e for e in errors)
+    _, errors = spawn_on(comms, lambda c: c.allreduce(np.ones(100_000)))
+    assert all(isinstance(e, MismatchError) and "ranks 0-1:" in str(e) and "ranks 2-3:" in str(e)
+               and "tree=" in str(e) for e in errors)
