@@ -126,10 +126,16 @@ class Communicator:
         return cls(_native.Executor.loopback(hub, rank), rank, hub.size, options, hierarchy=hierarchy)
 
     def close(self) -> None:
-        """Releases the communicator; any later collective on it raises DDLError."""
+        """Releases the communicator; any later collective on it raises DDLError. After a transport failure
+        the MPI duplicate is kept, never freed: messages of the failed call may still be queued under its
+        context id, and MPI would give that id to the next communicator, where they would match."""
+        broken = self._executor is not None and not isinstance(self._executor, _Closed) and self._executor.broken
         self._executor = _Closed()
         if self._mpi is not None:
-            self._mpi.Free()
+            if broken:
+                _KEPT_AFTER_FAILURE.append(self._mpi)
+            else:
+                self._mpi.Free()
             self._mpi = None
 
     # -- the agreement round ----------------------------------------------------------------------------
@@ -404,6 +410,9 @@ class Communicator:
                 print(f"[ddl] iter {self._calls}: allreduce {mean * 1e6:.1f} us per call over the last "
                       f"{self.options.dump_iter} (last {nbytes} bytes)", file=sys.stderr)
             self._call_seconds = 0.0
+
+
+_KEPT_AFTER_FAILURE: list = []  # MPI communicators of failed calls (see Communicator.close)
 
 
 class _Closed:

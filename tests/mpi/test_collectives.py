@@ -251,6 +251,15 @@ def test_a_rank_that_never_calls_makes_the_others_time_out_naming_a_peer():
     finally:
         COMM.Barrier()
         comm.close()
+    # The documented recovery: a new communicator works, and the failed call's messages (still queued under
+    # the old communicator) never reach it.
+    fresh = Communicator.from_mpi(COMM, replace(ddl.communicator().options, small_bytes=0))
+    try:
+        for n in (1, 5000):
+            assert_reduced(fresh.allreduce(contribution(RANK, n, np.float32, "sum")), n, np.float32, "sum")
+        fresh.barrier()
+    finally:
+        fresh.close()
 
 
 def trees():
