@@ -20,7 +20,6 @@ FLOATING = {"float16", "bfloat16", "float32", "float64"}
 # "avg" is sum, then a scale by 1/size; it is refused for integers rather than silently truncated.
 _OPS = {"sum": _native.ReduceOp.sum, "avg": _native.ReduceOp.sum, "prod": _native.ReduceOp.prod,
         "min": _native.ReduceOp.min, "max": _native.ReduceOp.max}
-OPS = tuple(_OPS)
 
 
 _NAMES: dict = {}

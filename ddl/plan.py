@@ -19,9 +19,10 @@ def _overlaps(a, b) -> bool:
     return a.offset < b.offset + b.count and b.offset < a.offset + a.count
 
 
-def native_program(program: Program) -> "_native.Program":
-    """Rows (kind, peer, round, tag, offset, count, scratch, wait_sends). A receive that overlaps a send of its
-    own round is staged in scratch and applied after the sends; a reduce always lands in scratch first."""
+def program_rows(program: Program) -> tuple[np.ndarray, int]:
+    """(rows, scratch elements): rows of (kind, peer, round, tag, offset, count, scratch, wait_sends). A
+    receive that overlaps a send of its own round is staged in scratch and applied after the sends; a reduce
+    always lands in scratch first."""
     rows = np.zeros((len(program.steps), 8), dtype=np.int64)
     sends_by_round: dict[int, list] = {}
     for s in program.steps:
@@ -34,6 +35,11 @@ def native_program(program: Program) -> "_native.Program":
         if s.op is Op.RECV_REDUCE or (s.op is Op.RECV_COPY and clash):
             where, scratch = scratch, scratch + s.count
         rows[i] = (OP_CODES[s.op], s.peer, s.round, s.tag, s.offset, s.count, where, int(clash))
+    return rows, scratch
+
+
+def native_program(program: Program) -> "_native.Program":
+    rows, scratch = program_rows(program)
     return _native.Program(rows, scratch, program.tags)
 
 

@@ -1,5 +1,6 @@
 // The only way the executor talks to peers: non-blocking point-to-point with tags (gloo's idea of a tiny
 // transport). Implementations: MPI (a communicator handed over by mpi4py) and an in-process loopback.
+// Waiting is the executor's: it polls test() and fails once nothing has completed for its deadline.
 #pragma once
 #include <chrono>
 #include <cstddef>
@@ -34,8 +35,5 @@ class Transport {
   // Give up every outstanding operation after a failure; the transport is unusable afterwards.
   virtual void abandon() = 0;
 };
-
-// Blocks until h completes; false if the deadline passes first.
-bool wait_until(Transport& t, Handle h, Clock::time_point deadline);
 
 }  // namespace ddl
