@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.np and "OMPI_COMM_WORLD_SIZE" not in os.environ and "PMI_RANK" not in os.environ:
         from .mpirun import run
 
-        forward = [a for a in (argv if argv is not None else sys.argv[1:])]
+        forward = list(argv if argv is not None else sys.argv[1:])
         i = forward.index("--np") if "--np" in forward else None
         if i is not None:
             del forward[i:i + 2]

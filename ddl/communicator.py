@@ -360,9 +360,10 @@ class Communicator:
             data = result.reshape(-1).view(np.uint8)
             off, n = layout[self.rank]
             data[off:off + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-            program = ring_allgather(self.rank, self.size, layout)
-            plan = _native.Plan([native_program(program)], np.zeros((1, 2), np.int64), 1)
-            self._executor.run(plan, data, _BYTE, _native.ReduceOp.sum, self.options.timeout, call)
+            plan = self._plan(("allgather", layout), lambda: CompiledPlan(
+                _native.Plan([native_program(ring_allgather(self.rank, self.size, layout))],
+                             np.zeros((1, 2), np.int64), 1), "ring", data.size, data.size, 1, 1))
+            self._executor.run(plan.native, data, _BYTE, _native.ReduceOp.sum, self.options.timeout, call)
         return result
 
     def barrier(self) -> None:
@@ -440,19 +441,18 @@ def _check_out(out, a: np.ndarray) -> None:
 def _work_buffer(a: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """The flat buffer the plan runs on: out itself when it can be (in place), else a fresh C-ordered copy."""
     if out is not None and out.flags.c_contiguous:
-        if out is not a and not np.shares_memory(out, a):
-            np.copyto(out, a)
-        elif out is not a:
-            np.copyto(out, a.copy())
+        if out is not a:  # copy through a temporary when the two may overlap
+            np.copyto(out, a.copy() if np.may_share_memory(out, a) else a)
         return out.reshape(-1)
     return np.array(a, order="C").reshape(-1)
 
 
 def _deliver(result: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """``result`` into ``out`` unless it already lives there (as out itself or a reshaped view of it)."""
-    if out is None or result is out:
-        return out if out is not None else result
-    if result.__array_interface__["data"][0] != out.__array_interface__["data"][0] or result.shape != out.shape:
+    if out is None:
+        return result
+    if result is not out and (result.__array_interface__["data"][0] != out.__array_interface__["data"][0]
+                              or result.shape != out.shape):
         np.copyto(out, result)
     return out
 
