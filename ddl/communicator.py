@@ -11,6 +11,7 @@ error as its call, so its peers raise too instead of waiting for a message that 
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import threading
 import time
@@ -19,10 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _native, cost, hierarchical
+from . import _native, discover, hierarchical, planner
+from . import topology as topo
 from .algorithms import ALLREDUCE, binomial_broadcast, recursive_doubling_allreduce, ring_allgather
+from .config import get as setting
 from .dtypes import FLOATING, native_dtype, native_op, raw
 from .errors import DDLError, MismatchError
+from .explain import Explanation, explain
 from .options import Options, parse
 from .plan import CompiledPlan, compile_blocks, native_program
 
@@ -61,7 +65,8 @@ class Communicator:
     """Runs ddl's collectives among the ranks of one executor (MPI or loopback) or alone (size 1)."""
 
     def __init__(self, executor, rank: int, size: int, options: Options | None = None, mpi_comm=None,
-                 local: tuple[int, int, int] | None = None, hierarchy=None):
+                 local: tuple[int, int, int] | None = None, hierarchy=None, topology=None,
+                 reports: list[dict] | None = None):
         self.options = options or parse()
         self._executor = executor
         self._mpi = mpi_comm  # kept alive for the executor; also the reference for -check
@@ -75,55 +80,89 @@ class Communicator:
         self._small = min(self.options.small_bytes, AGREEMENT_CAPACITY)
         if self.options.mode is not None:
             self.options.mode.check_size(size)
-        self.hierarchy = self._choose_hierarchy(hierarchy)
+        self.topology: topo.Topology | None = None
+        self._forced: planner.Plan | None = None
+        try:
+            self.tree, self.levels = self._choose_tree(hierarchy, topology, reports)
+        except DDLError as e:
+            raise type(e)(str(e) if str(e).startswith("rank ") else f"rank {rank}: {e}") from None
+        self.hierarchy = self.tree if hierarchical.depth(self.tree) >= 2 else None
+        self._algos = tuple(self.options.algo.split(","))
         # Settings that shape plans must match across ranks: they go into every call's hash.
         o = self.options
-        tree = hierarchical.describe(self.hierarchy) if self.hierarchy else "flat"
+        shape = f"{hierarchical.describe(self.tree)} {[lv.to_dict() for lv in self.levels]} {self._forced}"
         self._settings = (f"algo={o.algo} segment={o.segment} inflight={o.inflight} small={self._small} "
-                          f"tree={_hash64(tree) & 0xffffffff:08x}")
+                          f"tree={_hash64(shape) & 0xffffffff:08x}")
 
-    def _choose_hierarchy(self, given):
-        """The tree large allreduces follow: given explicitly, else IBM's -mode dims, else the hosts found by
-        from_mpi; None (flat) when it has a single level."""
-        tree = given
+    def _choose_tree(self, given, topology, reports) -> tuple[list, tuple]:
+        """The tree large allreduces follow and the cost of its levels, from the first that applies: a plan
+        file (-plan, DDL_PLAN); a tree given to init; IBM's -mode dims; a topology (init argument, -topology,
+        DDL_TOPOLOGY) checked against the hosts MPI sees; what discovery found; else one flat level."""
+        network = setting("DDL_NETWORK")
+        hosts = [r["host"] for r in reports] if reports else None
+        if self.options.plan:
+            self._forced = _load_plan(self.options.plan)
+            tree = self._checked(self._forced.tree, f"plan file {self.options.plan!r}")
+            return tree, self._forced.levels
         if given is None and self.options.mode is not None and self.options.mode.dims:
-            tree = hierarchical.from_dims(self.options.mode.dims)
-        if tree is None:
-            return None
+            tree = self._checked(hierarchical.from_dims(self.options.mode.dims), "-mode")
+            return tree, planner.default_levels(tree, ("gpu", "node", "rack", "aisle"), network)
+        if given is not None:
+            tree = self._checked(given, "the hierarchy")
+            return tree, planner.default_levels(tree, link=network)
+        source = topology if topology is not None else self.options.topology
+        if source is not None:
+            self.topology = topo.load(source)
+        elif reports and len(set(hosts)) > 1:
+            self.topology = discover.build(reports)
+        if self.topology is not None:
+            tree, levels = self.topology.hierarchy(self.topology.place(hosts, self.size))
+            return self._checked(tree, f"topology {self.topology.name!r}"), tuple(levels) or \
+                planner.default_levels([0])
+        tree = list(range(self.size))
+        return tree, planner.default_levels(tree)
+
+    def _checked(self, tree, what: str) -> list:
         try:
             tree = hierarchical.normalize(tree)
         except ValueError as e:
-            raise DDLError(f"rank {self.rank}: bad hierarchy: {e}") from None
-        if len(hierarchical.leaves(tree)) != self.size:
-            raise DDLError(f"rank {self.rank}: the hierarchy holds {len(hierarchical.leaves(tree))} ranks, the "
-                           f"communicator {self.size}")
-        return tree if hierarchical.depth(tree) >= 2 else None
+            raise DDLError(f"rank {self.rank}: bad hierarchy from {what}: {e}") from None
+        n = len(hierarchical.leaves(tree))
+        if n != self.size:
+            raise DDLError(f"rank {self.rank}: {what} holds {n} ranks, the communicator {self.size}")
+        return tree
 
     # -- construction -----------------------------------------------------------------------------------
 
     @classmethod
-    def from_mpi(cls, comm, options: Options | None = None, hierarchy=None) -> "Communicator":
+    def from_mpi(cls, comm, options: Options | None = None, hierarchy=None, topology=None) -> "Communicator":
         """ddl on an mpi4py communicator; it works on a private duplicate so its messages never meet yours.
-        Ranks sharing memory form a host; with several hosts, large allreduces go through the hosts' tree
-        unless ``hierarchy`` (or -mode dims) says otherwise."""
+        At creation the ranks exchange what they see of their machine (ddl.discover); large allreduces then
+        follow the topology found, or the one given (see _choose_tree)."""
         from mpi4py import MPI
 
         dup = comm.Dup()
         local = dup.Split_type(MPI.COMM_TYPE_SHARED)
-        host_of_rank = dup.allgather(local.bcast(dup.rank))  # each host named by its first rank
-        where = (local.rank, local.size, len(set(host_of_rank)))
+        first = local.bcast(dup.rank)  # each host named by its processor name, made unique by its first rank
+        name = local.bcast(MPI.Get_processor_name())
+        gpus = local.bcast(discover.nvml_gpus() if local.rank == 0 else None)
+        reports = dup.allgather({"host": name, "first": first, "numa": discover.numa_node(), "gpus": gpus})
+        names = {(r["host"], r["first"]) for r in reports}
+        if len({h for h, _ in names}) != len(names):  # two shared-memory groups under one name
+            for r in reports:
+                r["host"] = f"{r['host']}#{r['first']}"
+        where = (local.rank, local.size, len(names))
         local.Free()
         executor = _native.Executor.mpi(dup) if dup.size > 1 else None
-        opts = options or parse()
-        if hierarchy is None and not (opts.mode and opts.mode.dims):
-            hierarchy = hierarchical.from_hosts(host_of_rank)
-        return cls(executor, dup.rank, dup.size, opts, mpi_comm=dup, local=where, hierarchy=hierarchy)
+        return cls(executor, dup.rank, dup.size, options or parse(), mpi_comm=dup, local=where,
+                   hierarchy=hierarchy, topology=topology, reports=reports)
 
     @classmethod
     def loopback(cls, hub: "_native.LoopbackHub", rank: int, options: Options | None = None,
-                 hierarchy=None) -> "Communicator":
+                 hierarchy=None, topology=None) -> "Communicator":
         """One rank of an in-process group (ranks are threads); for tests without MPI."""
-        return cls(_native.Executor.loopback(hub, rank), rank, hub.size, options, hierarchy=hierarchy)
+        return cls(_native.Executor.loopback(hub, rank), rank, hub.size, options, hierarchy=hierarchy,
+                   topology=topology)
 
     def close(self) -> None:
         """Releases the communicator; any later collective on it raises DDLError. After a transport failure
@@ -203,25 +242,35 @@ class Communicator:
 
     # -- plans ------------------------------------------------------------------------------------------
 
-    def _allreduce_algorithm(self, nbytes: int) -> str:
-        if self.options.algo != "auto":
-            return self.options.algo
-        return cost.choose(self.size, nbytes)
+    def plan_for(self, nbytes: int) -> planner.Plan:
+        """The plan an allreduce of ``nbytes`` follows (the same on every rank)."""
+        if self._forced is not None:
+            return self._forced
+        o, flat = self.options, len(self.levels) == 1
+        try:
+            return planner.choose(self.tree, self.levels, nbytes, self._algos,
+                                  o.segment or (default_block_bytes(nbytes) if flat else None),
+                                  o.inflight or (2 if flat else None))
+        except ValueError as e:
+            raise DDLError(f"rank {self.rank}: {e}") from None
+
+    def explain(self, nbytes: int) -> Explanation:
+        """What an allreduce of ``nbytes`` would do here: levels, groups, algorithms, bytes per link kind,
+        predicted time against the topology's lower bound (the same as ``ddl-topo --plan``)."""
+        return explain(self.plan_for(nbytes), nbytes)
 
     def _run_allreduce(self, flat: np.ndarray, dtype, op, label: str) -> None:
         """ddl's own allreduce of a contiguous 1-D buffer, in place, with no agreement round."""
         if flat.size == 0:
             return
-        block = self.options.segment or default_block_bytes(flat.nbytes)
-        if self.hierarchy is not None:
-            algo, tree = "hierarchical", self.hierarchy
-            gen = lambda rank, size, n: hierarchical.hierarchical_allreduce(rank, tree, n)  # noqa: E731
-        else:
-            algo = self._allreduce_algorithm(flat.nbytes)
-            gen = ALLREDUCE[algo]
-        plan = self._plan(("allreduce", algo, flat.size, flat.itemsize), lambda: compile_blocks(
-            lambda n: gen(self.rank, self.size, n), flat.size, max(1, block // flat.itemsize),
-            self.options.inflight, algo))
+
+        def build():
+            choice = self.plan_for(flat.nbytes)
+            return compile_blocks(lambda n: planner.program(self.rank, choice, n), flat.size,
+                                  max(1, choice.block_bytes // flat.itemsize), choice.inflight,
+                                  planner.label(choice))
+
+        plan = self._plan(("allreduce", flat.size, flat.itemsize), build)
         self._executor.run(plan.native, raw(flat), dtype, op, self.options.timeout, label)
 
     def _fused(self, nbytes: int) -> bool:
@@ -330,7 +379,7 @@ class Communicator:
             block = self.options.segment or default_block_bytes(data.size)
             plan = self._plan(("broadcast", data.size, root), lambda: compile_blocks(
                 lambda n: binomial_broadcast(self.rank, self.size, n, root), data.size, block,
-                self.options.inflight, "binomial"))
+                self.options.inflight or 2, "binomial"))
             self._executor.run(plan.native, data, _BYTE, _native.ReduceOp.sum, self.options.timeout, call)
         return result
 
@@ -455,6 +504,14 @@ def _deliver(result: np.ndarray, out: np.ndarray | None) -> np.ndarray:
                               or result.shape != out.shape):
         np.copyto(out, result)
     return out
+
+
+def _load_plan(path: str) -> planner.Plan:
+    try:
+        with open(path) as f:
+            return planner.Plan.from_dict(json.load(f))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DDLError(f"plan file {path!r} cannot be used: {e!r}") from None
 
 
 def _ranges(ranks: list[int]) -> str:

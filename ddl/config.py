@@ -23,9 +23,18 @@ SETTINGS = {
     for s in (
         Setting("DDL_OPTIONS", "", "IBM DDL option string: -mode, -dump_iter, -dbg_level, -check, ... (see README)"),
         Setting("DDL_TIMEOUT", "300", "seconds a collective may go without any progress before it fails naming the peer"),
-        Setting("DDL_ALGO", "auto", "force the flat allreduce algorithm: auto, ring, rabenseifner, recursive_doubling"),
+        Setting("DDL_ALGO", "auto", "force allreduce algorithms: one for every level or a comma list per level, innermost "
+                "first; each auto, ring, rabenseifner, direct, or recursive_doubling (top level; alone: the "
+                "latency plan)"),
         Setting("DDL_SEGMENT_BYTES", "auto", "bytes per pipeline block for large messages (auto: chosen by the planner)"),
-        Setting("DDL_INFLIGHT", "2", "pipeline blocks in flight at once"),
+        Setting("DDL_INFLIGHT", "auto", "pipeline blocks in flight at once (auto: 2 on one level, one per phase "
+                "on several)"),
+        Setting("DDL_TOPOLOGY", "", "topology file or library machine name to plan over instead of discovery"),
+        Setting("DDL_PLAN", "", "plan file (ddl-topo --dump-plan) that forces the tree, algorithms and blocks"),
+        Setting("DDL_NODES", "", "nodes per rack, for discovery (set by ddlrun --nodes)"),
+        Setting("DDL_RACKS", "", "racks per aisle, for discovery (set by ddlrun --racks)"),
+        Setting("DDL_AISLES", "", "aisles, for discovery (set by ddlrun --aisles)"),
+        Setting("DDL_NETWORK", "eth_10g", "link kind between discovered nodes (a name from ddl.links)"),
         Setting("DDL_SMALL_BYTES", "65536", "largest payload carried in the agreement round itself (latency path)"),
     )
 }

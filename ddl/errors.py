@@ -11,3 +11,7 @@ class MismatchError(DDLError):
 
 class TransportError(DDLError):
     """A peer died or a deadline passed. The communicator is unusable: ddl.finalize() and ddl.init() again."""
+
+
+class TopologyError(DDLError, ValueError):
+    """A topology file, graph or placement that is malformed or contradicts what MPI sees."""

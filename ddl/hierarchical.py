@@ -1,22 +1,11 @@
-"""Hierarchical allreduce over a tree of ranks: reduce-scatter inside the innermost groups, allreduce the
-pieces among their owners one level up (recursively), then allgather inside the groups (IBM DDL, BlueConnect).
-Slow outer links carry only data already reduced inside the groups below them.
+"""Trees of ranks: the shape a hierarchical allreduce follows (ddl.planner plans over them).
 
 A hierarchy is a nested list whose leaves are ranks, innermost groups deepest: two nodes of three ranks are
 ``[[0, 1, 2], [3, 4, 5]]``; uneven nodes ``[[0, 1, 2], [3, 4], [5]]``; ranks placed round-robin
-``[[0, 2, 4], [1, 3, 5]]``; racks of nodes ``[[[0, 1], [2, 3]], [[4, 5], [6]]]``. The plan follows the tree,
-not the rank numbers.
-
-Terms. At one level the range is cut into C *columns*, C = the largest innermost group anywhere in the tree;
-a group of g ranks gives column c to its rank c mod g, the column's *owner* (a small group's ranks own
-several columns, so uneven groups need no special case). Replacing every innermost group by its owner of
-column c gives a tree one level shallower, over which column c is allreduced; at the top the owners form a
-flat ring. Every column's inner allreduce runs in the same rounds, side by side.
+``[[0, 2, 4], [1, 3, 5]]``; racks of nodes ``[[[0, 1], [2, 3]], [[4, 5], [6]]]``. Trees come from a topology
+(ddl.topology), from IBM's -mode dims, from the hosts MPI reports, or from the user.
 """
 from __future__ import annotations
-
-from .algorithms import ring_allreduce, split
-from .schedule import Op, Program, Step, number_tags
 
 Tree = "int | list[Tree]"
 
@@ -96,73 +85,3 @@ def leaves(tree) -> list[int]:
     if isinstance(tree, int):
         return [tree]
     return [r for t in tree for r in leaves(t)]
-
-
-def _innermost(tree) -> list[list[int]]:
-    """The groups of ranks at the bottom of a normalized tree."""
-    if all(isinstance(t, int) for t in tree):
-        return [tree]
-    return [g for t in tree for g in _innermost(t)]
-
-
-def _owners(tree, column: int):
-    """The tree with each innermost group replaced by its owner of ``column``."""
-    if all(isinstance(t, int) for t in tree):
-        return tree[column % len(tree)]
-    return [_owners(t, column) for t in tree]
-
-
-def columns(tree) -> int:
-    return max(len(g) for g in _innermost(tree))
-
-
-def rounds(tree) -> int:
-    """Rounds of the whole allreduce; the same for every rank and every column."""
-    if isinstance(tree, int):
-        return 0
-    if all(isinstance(t, int) for t in tree):
-        return 2 * (len(tree) - 1)
-    return 2 + rounds(_owners(tree, 0))
-
-
-def width(tree) -> int:
-    """Messages one pair may exchange in one round: a rank owning several columns talks to the same peer once
-    per column, at every level below the top."""
-    if isinstance(tree, int) or all(isinstance(t, int) for t in tree):
-        return 1
-    return columns(tree) * width(_owners(tree, 0))
-
-
-def _steps(me: int, tree, lo: int, count: int, r0: int, level: int, out: list[Step]) -> None:
-    if isinstance(tree, int):
-        return
-    if all(isinstance(t, int) for t in tree):  # the top: a flat ring among these ranks
-        if me in tree and len(tree) > 1:
-            for s in ring_allreduce(tree.index(me), len(tree), count).steps:
-                out.append(Step(r0 + s.round, s.op, tree[s.peer], lo + s.offset, s.count, level=level))
-        return
-    ncols = columns(tree)
-    cols = split(count, ncols)
-    group = next(g for g in _innermost(tree) if me in g)
-    inner = rounds(_owners(tree, 0))
-    for c, (off, n) in enumerate(cols):
-        if n == 0:
-            continue
-        owner = group[c % len(group)]
-        if me == owner:
-            for peer in group:
-                if peer != me:  # reduce-scatter: the column arrives from every other member
-                    out.append(Step(r0, Op.RECV_REDUCE, peer, lo + off, n, level=level))
-                    out.append(Step(r0 + 1 + inner, Op.SEND, peer, lo + off, n, level=level))
-            _steps(me, _owners(tree, c), lo + off, n, r0 + 1, level + 1, out)
-        else:
-            out.append(Step(r0, Op.SEND, owner, lo + off, n, level=level))
-            out.append(Step(r0 + 1 + inner, Op.RECV_COPY, owner, lo + off, n, level=level))
-
-
-def hierarchical_allreduce(rank: int, tree, count: int) -> Program:
-    """Rank ``rank``'s program for an allreduce of ``count`` elements over the normalized ``tree``."""
-    out: list[Step] = []
-    _steps(rank, tree, 0, count, 0, 0, out)
-    w = width(tree)
-    return Program(rank, number_tags(out, w), rounds(tree), w)

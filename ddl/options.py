@@ -2,8 +2,8 @@
 
 IBM's grammar: ``-mode <letter>[:<dims>]`` (letters r n b c m p; dims AxBxCxD, one per tier, innermost
 first), ``-dump_iter N``, ``-dev_sync 0|1|2``, ``-rebind_iter N``, ``-dbg_level 0|1|2``, ``-check TOL``.
-ddl adds ``-timeout S``, ``-algo NAME``, ``-segment BYTES``, ``-inflight N``. Options not given fall back to
-the DDL_* variables of ddl.config.
+ddl adds ``-timeout S``, ``-algo NAME[,NAME...]``, ``-segment BYTES``, ``-inflight N``, ``-topology FILE``,
+``-plan FILE``. Options not given fall back to the DDL_* variables of ddl.config.
 """
 from __future__ import annotations
 
@@ -23,7 +23,11 @@ MODE_LETTERS = {
     "m": "MPI reduce_scatter + allgatherv",
     "p": "explore: measure and pick the best per dimension",
 }
-ALGORITHMS = ("auto", "ring", "rabenseifner", "recursive_doubling")
+ALGORITHMS = ("auto", "ring", "rabenseifner", "recursive_doubling", "direct")
+# What each -mode letter makes of every level on the CPU path (NCCL arrives with the GPU path). IBM never
+# documented "RCS"; we read it as recursive halving/doubling. "m" (MPI reduce_scatter + allgatherv) becomes
+# its point-to-point equivalent, direct exchange: ddl never calls MPI's collectives.
+MODE_ALGORITHMS = {"r": "ring", "n": "ring", "b": "ring", "c": "rabenseifner", "m": "direct", "p": "auto"}
 
 
 @dataclass(frozen=True)
@@ -50,9 +54,11 @@ class Options:
     dbg_level: int = 0
     check: float | None = None
     timeout: float = 300.0
-    algo: str = "auto"
+    algo: str = "auto"              # one name, or a comma list per level innermost first
     segment: int | None = None      # bytes per pipeline block; None: the planner decides
-    inflight: int = 2
+    inflight: int | None = None     # None: the planner decides
+    topology: str | None = None     # file or machine name; None: discovery
+    plan: str | None = None         # plan file forcing the plan
     small_bytes: int = 65536
     extra: dict = field(default_factory=dict)
 
@@ -87,17 +93,27 @@ def _segment(v: int) -> int:
     return v
 
 
+def algorithms(text: str, where: str = "-algo") -> str:
+    """Checks an algorithm list: one name, or names per level separated by commas."""
+    names = [a.strip() for a in text.split(",")]
+    bad = [a for a in names if a not in ALGORITHMS]
+    if bad or not names:
+        raise DDLError(f"{where} {text!r}: {', '.join(map(repr, bad)) or 'empty'} is not an algorithm; expected "
+                       f"one of {', '.join(ALGORITHMS)}, or one per level separated by commas")
+    return ",".join(names)
+
+
 def _from_environment(environ) -> Options:
     seg = config.get("DDL_SEGMENT_BYTES", environ)
-    algo = config.get("DDL_ALGO", environ)
-    if algo not in ALGORITHMS:
-        raise DDLError(f"DDL_ALGO={algo!r}: expected one of {', '.join(ALGORITHMS)}")
+    inflight = config.get("DDL_INFLIGHT", environ)
     return Options(
         timeout=_number("timeout (DDL_TIMEOUT)", config.get("DDL_TIMEOUT", environ), float, 0.001),
-        algo=algo,
+        algo=algorithms(config.get("DDL_ALGO", environ), "DDL_ALGO="),
         segment=None if seg == "auto" else _segment(_number("segment (DDL_SEGMENT_BYTES)", seg, int, 1)),
-        inflight=_number("inflight (DDL_INFLIGHT)", config.get("DDL_INFLIGHT", environ), int, 1),
+        inflight=None if inflight == "auto" else _number("inflight (DDL_INFLIGHT)", inflight, int, 1),
         small_bytes=_number("small (DDL_SMALL_BYTES)", config.get("DDL_SMALL_BYTES", environ), int, 0),
+        topology=config.get("DDL_TOPOLOGY", environ) or None,
+        plan=config.get("DDL_PLAN", environ) or None,
     )
 
 
@@ -110,14 +126,12 @@ _PARSERS = {
     "dbg_level": ("dbg_level", lambda v: _number("dbg_level", v)),
     "check": ("check", lambda v: _number("check", v, float)),
     "timeout": ("timeout", lambda v: _number("timeout", v, float, 0.001)),
-    "algo": ("algo", lambda v: v if v in ALGORITHMS else _bad_algo(v)),
+    "algo": ("algo", algorithms),
     "segment": ("segment", lambda v: _segment(_number("segment", v, int, 1))),
     "inflight": ("inflight", lambda v: _number("inflight", v, int, 1)),
+    "topology": ("topology", str),
+    "plan": ("plan", str),
 }
-
-
-def _bad_algo(v):
-    raise DDLError(f"option -algo {v!r}: expected one of {', '.join(ALGORITHMS)}")
 
 
 def parse(text: str | None = None, environ=os.environ) -> Options:
@@ -137,6 +151,6 @@ def parse(text: str | None = None, environ=os.environ) -> Options:
         field_name, convert = _PARSERS[name]
         opts = replace(opts, **{field_name: convert(tokens[i + 1])})
         i += 2
-    if opts.mode is not None and opts.mode.letter == "r" and opts.algo == "auto":
-        opts = replace(opts, algo="ring")
+    if opts.mode is not None and opts.algo == "auto":
+        opts = replace(opts, algo=MODE_ALGORITHMS[opts.mode.letter])
     return opts

@@ -111,9 +111,10 @@ class Schedule:
 
 
 def number_tags(steps: list[Step], width: int = 1) -> tuple[Step, ...]:
-    """Sort steps by round and give each message its tag, round * width + k for the k-th message with that
-    peer in that direction in the round. Both sides count the same messages, so both compute the same tag."""
-    steps = sorted(steps, key=lambda s: s.round)
+    """Sort steps by round and give each message its tag, round * width + k for the k-th message (by offset)
+    with that peer in that direction in the round. A message has the same range on both sides, so both
+    count the same messages in the same order and compute the same tag."""
+    steps = sorted(steps, key=lambda s: (s.round, s.offset))
     seen: dict[tuple[int, int, bool], int] = {}
     out = []
     for s in steps:

@@ -2,7 +2,6 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ddl import cost
 from ddl.algorithms import ALLREDUCE, schedule, split
 from ddl.check import check
 from ddl.schedule import Collective, Op, Schedule
@@ -90,18 +89,3 @@ def test_json_round_trip(algorithm):
     again = Schedule.from_json(s.to_json())
     assert again == s
     check(again)
-
-
-def test_cost_model_prefers_latency_optimal_for_tiny_and_bandwidth_optimal_for_large():
-    assert cost.choose(8, 8) == "recursive_doubling"
-    assert cost.choose(8, 64 << 20) in ("ring", "rabenseifner")
-    assert cost.choose(6, 64 << 20) == "ring"  # non-power of two: the fold costs Rabenseifner a full copy
-
-
-def test_cost_formulas_closed_form():
-    c = cost.LinkCost(alpha=1.0, beta=0.0, gamma=0.0)
-    assert cost.predict("ring", 5, 100, c) == 8.0                 # 2(p-1) messages
-    assert cost.predict("rabenseifner", 8, 100, c) == 6.0         # 2 log2 p
-    assert cost.predict("recursive_doubling", 8, 100, c) == 3.0   # log2 p
-    b = cost.LinkCost(alpha=0.0, beta=1.0, gamma=0.0)
-    assert cost.predict("ring", 4, 100, b) == pytest.approx(150.0)  # 2 (p-1)/p n
