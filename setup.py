@@ -50,6 +50,8 @@ native = Pybind11Extension(
 setup(
     ext_modules=[native],
     cmdclass={"build_ext": build_ext},
-    packages=find_packages(include=["ddl", "ddl.*"]),
+    # topology/ (the machine library) installs as ddl/machines, so an installed ddl finds it too.
+    packages=find_packages(include=["ddl", "ddl.*"]) + ["ddl.machines"],
+    package_dir={"ddl.machines": "topology"},
     options={"build": {"build_base": os.path.join("build", env_tag)}},
 )

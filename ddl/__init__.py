@@ -18,7 +18,7 @@ from .errors import DDLError, MismatchError, TransportError
 
 __all__ = [
     "init", "finalize", "initialized", "communicator", "rank", "size", "local_rank", "local_size", "num_hosts",
-    "allreduce", "allreduce_n", "broadcast", "bcast", "allgather", "barrier",
+    "allreduce", "allreduce_n", "broadcast", "bcast", "allgather", "barrier", "explain",
     "DDLError", "MismatchError", "TransportError", "Communicator",
 ]
 
@@ -32,15 +32,16 @@ def _launched_by_mpi() -> bool:
     return any(v in os.environ for v in _LAUNCHER_VARIABLES)
 
 
-def init(comm=None, options: str | None = None, hierarchy=None) -> Communicator:
+def init(comm=None, options: str | None = None, hierarchy=None, topology=None) -> Communicator:
     """Initialises ddl (idempotent). ``comm``: an mpi4py communicator (default: MPI.COMM_WORLD when launched
     by MPI). ``options``: IBM DDL's option string (default: $DDL_OPTIONS), e.g. ``"-mode r -check 1e-5"``.
-    ``hierarchy``: the tree large allreduces follow, as nested lists of ranks innermost group deepest (see
-    ddl.hierarchical); default: IBM's -mode dims if given, else the hosts MPI reports.
+    ``topology``: a topology file, library machine name, dict or ddl.topology.Topology to plan over
+    (default: $DDL_TOPOLOGY, else discovery: hosts from MPI, NUMA, GPUs from NVML, racks from ddlrun).
+    ``hierarchy``: the tree directly, as nested lists of ranks innermost group deepest (ddl.hierarchical).
     Calling it again with other arguments after ddl is initialised is an error: finalize() first."""
     global _world
     if _world is not None:
-        if comm is None and options is None and hierarchy is None:
+        if comm is None and options is None and hierarchy is None and topology is None:
             return _world
         raise DDLError("ddl is already initialised (perhaps implicitly by an earlier call); call "
                        "ddl.finalize() before ddl.init() with other arguments")
@@ -49,8 +50,8 @@ def init(comm=None, options: str | None = None, hierarchy=None) -> Communicator:
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
-    _world = (Communicator.from_mpi(comm, opts, hierarchy) if comm is not None
-              else Communicator(None, 0, 1, opts, hierarchy=hierarchy))
+    _world = (Communicator.from_mpi(comm, opts, hierarchy, topology) if comm is not None
+              else Communicator(None, 0, 1, opts, hierarchy=hierarchy, topology=topology))
     return _world
 
 
@@ -120,3 +121,9 @@ def allgather(array):
 
 def barrier() -> None:
     communicator().barrier()
+
+
+def explain(nbytes: int):
+    """What an allreduce of ``nbytes`` bytes would do: levels, groups, algorithms, bytes per link, predicted
+    time against the topology's lower bound. ``print(ddl.explain(64 << 20))``; ``.to_dict()`` for JSON."""
+    return communicator().explain(nbytes)

@@ -143,6 +143,10 @@ class Topology:
         vs = list(self._subtree(under)) if under else list(self.graph.nodes)
         return [v for v in vs if self._slots(v) > 0]
 
+    def slots(self, v: str) -> int:
+        """Ranks v can host: 1 for a GPU, its slots for a socket or node without GPUs."""
+        return self._slots(v)
+
     def _slots(self, v: str) -> int:
         d = self.graph.nodes[v]
         return 1 if d["kind"] == "gpu" else int(d.get("slots", 0))
@@ -189,10 +193,11 @@ class Topology:
         ranks the file puts on one node must share a host. Without: each rank goes to the next free device of
         the node named like its host. Raises TopologyError naming the rank on any contradiction."""
         if self.placement is not None:
+            if nranks is not None and len(self.placement) != nranks:
+                raise TopologyError(f"topology {self.name!r} places {len(self.placement)} ranks but MPI runs "
+                                    f"{nranks}")
             used: dict[str, list[str]] = {}
             devs = [self._device_for(r, p, used) for r, p in enumerate(self.placement)]
-            if nranks is not None and len(devs) != nranks:
-                raise TopologyError(f"topology {self.name!r} places {len(devs)} ranks but MPI runs {nranks}")
             if hosts is not None:
                 first: dict[str, tuple[int, str]] = {}
                 for r, d in enumerate(devs):
@@ -337,7 +342,8 @@ class Topology:
     def to_dict(self) -> dict:
         g = self.graph
         vertices = [{"id": v, **{k: x for k, x in d.items() if x is not None}} for v, d in g.nodes(data=True)]
-        edges = [{"a": a, "b": b, **d} for a, b, d in g.edges(data=True)]
+        edges = [{"a": b, "b": a, **d} if d["uplink"] and self._parent[b] == a else {"a": a, "b": b, **d}
+                 for a, b, d in g.edges(data=True)]  # an uplink reads child -> parent
         out = {"format": FORMAT, "name": self.name, "vertices": vertices, "links": edges}
         if self.placement is not None:
             out["placement"] = self.placement
