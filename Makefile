@@ -12,7 +12,7 @@ STAMP := $(VENV)/.ddl-installed
 
 setup: $(STAMP)
 
-$(STAMP): setup.py pyproject.toml $(wildcard ddl/*.py native/*.cpp native/src/*.cpp native/include/ddl/*.hpp)
+$(STAMP): setup.py pyproject.toml $(wildcard ddl/*.py topology/*.json native/*.cpp native/src/*.cpp native/include/ddl/*.hpp)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(MPI)  # the MPI wheel first: the build takes its mpicxx

@@ -267,16 +267,15 @@ def pipelined(ph: list[Phase], blocks: int, busy: list[float] = ()) -> float:
 
 
 def lower_bound(shape: Shape, levels, nbytes: float) -> tuple[float, str]:
-    """The topology's lower bound (reference/anchors.md §6): at every level whose children reach the rest
-    only through their own links (uplinks: a GPU's injection, a node's NICs), its E children must together
-    allreduce the whole vector through those links, t >= 2(E-1)/E * n / B (peer links such as NVLink can be
-    bypassed, so they bound nothing); and no algorithm beats ceil(lg p) rounds, one of them across the
-    outermost level. Returns (seconds, which bound binds)."""
+    """The topology's lower bound (reference/anchors.md §6): at every level, its E children must together
+    allreduce the whole vector through the links out of each child (peer links and uplink: a GPU's
+    injection, a node's NICs), t >= 2(E-1)/E * n / B_out; and r rounds reach p ranks only with p**(1/r) - 1
+    messages each, one of them across the outermost level. Returns (seconds, which bound binds)."""
     best, why = 0.0, "none"
     for lvl, c in enumerate(levels):
         e = _entities(shape, lvl)
-        if e > 1 and (c.via == "uplink" or lvl == len(levels) - 1):
-            t = 2 * (e - 1) / e * nbytes / c.bandwidth
+        if e > 1:
+            t = 2 * (e - 1) / e * nbytes / c.escape
             if t > best:
                 best, why = t, f"bandwidth of {c.name} links ({c.link}, {e} endpoints)"
     p = shape.nranks

@@ -37,7 +37,8 @@ class LevelCost:
     of a group (a rank, a socket, a node, a switch) can move to its siblings; ``alpha``: seconds per message
     across the level; ``gamma``: seconds per byte reduced by a rank; ``via``: "peer" when the children have
     links to each other (NVLink, X-Bus), "uplink" when they talk through their links into the container
-    (a node's NICs): outer levels' traffic then crosses those links too."""
+    (a node's NICs): outer levels' traffic then crosses those links too; ``outside``: bytes/s of every link
+    out of a child (peer links plus its uplink), what the lower bound may count on."""
 
     name: str
     link: str
@@ -45,10 +46,15 @@ class LevelCost:
     bandwidth: float
     gamma: float
     via: str = "uplink"
+    outside: float = 0.0  # 0: the same as bandwidth
 
     def to_dict(self) -> dict:
         return dict(name=self.name, link=self.link, alpha=self.alpha, bandwidth=self.bandwidth, gamma=self.gamma,
-                    via=self.via)
+                    via=self.via, outside=self.outside)
+
+    @property
+    def escape(self) -> float:
+        return max(self.outside, self.bandwidth)
 
 
 def default_level(name: str, link: str) -> LevelCost:
@@ -271,7 +277,7 @@ class Topology:
             worst = min(costs, key=lambda c: (c.bandwidth, -c.alpha))
             name = Counter(c.name for c in costs).most_common(1)[0][0]
             levels.append(LevelCost(name, worst.link, max(c.alpha for c in costs), worst.bandwidth,
-                                    max(c.gamma for c in costs), worst.via))
+                                    max(c.gamma for c in costs), worst.via, min(c.escape for c in costs)))
         return normalize(_strip(labeled)), levels
 
     def _group_cost(self, group: tuple, placement: list[str]) -> LevelCost:
@@ -299,15 +305,16 @@ class Topology:
                 lat += self.graph[v][self.parent(v)]["latency"]
                 v = self.parent(v)
             across = peers.get((x, v))
+            e = self.graph[v][x]
+            outside = e["bandwidth"] + self._cache["leaving"][1].get(v, 0.0)
             if across is not None:  # links straight to the siblings
-                cost = (across[0], across[1]["kind"], across[1]["latency"], "peer")
+                cost = (across[0], across[1]["kind"], across[1]["latency"], "peer", outside)
             else:  # out through the edge into x (what lies below it was paid at lower levels) and back down
-                e = self.graph[v][x]
-                cost = (e["bandwidth"], e["kind"], 2 * (lat + e["latency"]), "uplink")
+                cost = (e["bandwidth"], e["kind"], 2 * (lat + e["latency"]), "uplink", outside)
             if worst is None or cost[0] < worst[0]:
                 worst = cost
-        bw, kind, lat, via = worst
-        return LevelCost(name, kind, lat * 1e-6 + links.SOFTWARE_OVERHEAD, bw * 1e9, gamma, via)
+        bw, kind, lat, via, outside = worst
+        return LevelCost(name, kind, lat * 1e-6 + links.SOFTWARE_OVERHEAD, bw * 1e9, gamma, via, outside * 1e9)
 
     def _peer_links(self) -> dict:
         """(container x, child c of x) -> (GB/s of c's peer links to its siblings under x, the fastest such
@@ -316,6 +323,8 @@ class Topology:
 
     def _index_peer_links(self) -> dict:
         out: dict = {}
+        leaving: dict[str, float] = {}  # vertex -> GB/s of peer links from its subtree to the rest
+        self._cache["leaving"] = (self._version, leaving)
         for a, b, e in self.graph.edges(data=True):
             if e["uplink"]:
                 continue
@@ -326,6 +335,8 @@ class Topology:
             if up_a[-1] != up_b[-1] or len(up_a) < 2 or len(up_b) < 2:
                 continue  # one end contains the other
             x = up_a[-1]
+            for v in up_a[:-1] + up_b[:-1]:  # the edge leaves every subtree on the way up to x
+                leaving[v] = leaving.get(v, 0.0) + e["bandwidth"]
             for c in (up_a[-2], up_b[-2]):
                 bw, best = out.get((x, c), (0.0, None))
                 out[(x, c)] = (bw + e["bandwidth"], e if best is None or e["bandwidth"] > best["bandwidth"] else best)

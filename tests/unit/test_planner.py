@@ -211,5 +211,6 @@ def test_lower_bound_matches_the_anchors_two_level_formula():
     bound, why = planner.lower_bound(planner.Shape.of(tree), lv, n)
     assert bound == pytest.approx(max(2 * 31 / 32 * n / 370e9, 2 * 3 / 4 * n / 384e9))
     assert math.isclose(bound, 2 * 31 / 32 * n / 370e9) and "gpu" in why
-    peer = (LevelCost("gpu", "nvlink2", 1e-6, 1e9, 0.0, "peer"), lv[1])
-    assert planner.lower_bound(planner.Shape.of(tree), peer, n)[0] == pytest.approx(2 * 3 / 4 * n / 384e9)
+    # Peer links (NVLink between siblings) count together with the uplink: both carry a GPU's traffic.
+    peer = (LevelCost("gpu", "nvlink2", 1e-6, 1e9, 0.0, "peer", outside=1e9 + 12e9), lv[1])
+    assert planner.lower_bound(planner.Shape.of(tree), peer, n)[0] == pytest.approx(2 * 31 / 32 * n / 13e9)

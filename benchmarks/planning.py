@@ -1,0 +1,75 @@
+"""Planning time per rank, and the planner's predicted efficiency, for every machine in topology/.
+
+    python benchmarks/planning.py [-J planning.json] [--machines summit dgx-h100]
+
+Per rank, planning is: read the machine file, place the ranks, derive the levels, choose the plan for a
+size, and compile that rank's own program. Target (issue 3): under 2 s per rank for Summit's 27,648 ranks.
+The steps of one rank's program are shown beside the world size: memory grows with a rank's own steps.
+Efficiency = the topology's lower bound / the predicted time (the alpha-beta-gamma model; nominal link data).
+"""
+import argparse
+import json
+import time
+
+from ddl import planner, topology
+from ddl.explain import explain
+
+SIZES = (8, 1 << 20, 64 << 20, 1 << 30)
+
+
+def clock(f):
+    t = time.perf_counter()
+    out = f()
+    return out, time.perf_counter() - t
+
+
+def ranks_of(t):
+    return len(t.placement) if t.placement is not None else sum(t.slots(d) for d in t.devices())
+
+
+def measure(name: str) -> dict:
+    t, load = clock(lambda: topology.load(name))
+    p = ranks_of(t)
+    placement, place = clock(lambda: t.place(None, p))
+    (tree, levels), derive = clock(lambda: t.hierarchy(placement))
+    plan, choose = clock(lambda: planner.choose(tree, levels, 64 << 20))
+    compile_s, steps = 0.0, 0
+    for rank in sorted({0, p // 2, p - 1}):
+        prog, s = clock(lambda: planner.program(rank, plan, max(1, plan.block_bytes // 4)))
+        compile_s, steps = max(compile_s, s), max(steps, len(prog.steps))
+    row = {"machine": name, "ranks": p, "levels": len(levels), "load_s": load, "place_s": place,
+           "levels_s": derive, "choose_s": choose, "compile_s": compile_s,
+           "per_rank_s": load + place + derive + choose + compile_s, "steps_per_rank": steps, "sizes": []}
+    for n in SIZES:
+        e = explain(planner.choose(tree, levels, n), n)
+        row["sizes"].append({"bytes": n, "plan": planner.label(e.plan), "predicted_us": e.predicted * 1e6,
+                             "busbw": e.bandwidths(e.predicted)[1], "bound_busbw": e.bandwidths(e.bound)[1],
+                             "efficiency": e.efficiency})
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--machines", nargs="+", default=topology.library())
+    ap.add_argument("-J", "--json", help="write the results here")
+    args = ap.parse_args()
+    rows = [measure(m) for m in args.machines]
+    print(f"{'machine':<20}{'ranks':>7}{'levels':>7}{'load':>8}{'place':>8}{'levels':>8}{'choose':>8}"
+          f"{'compile':>9}{'per rank':>10}{'steps':>7}   target < 2 s")
+    for r in rows:
+        print(f"{r['machine']:<20}{r['ranks']:>7}{r['levels']:>7}{r['load_s']:>7.3f}s{r['place_s']:>7.3f}s"
+              f"{r['levels_s']:>7.3f}s{r['choose_s']:>7.3f}s{r['compile_s']:>8.3f}s{r['per_rank_s']:>9.3f}s"
+              f"{r['steps_per_rank']:>7}   {'ok' if r['per_rank_s'] < 2 else 'MISSED'}")
+    print(f"\n{'machine':<20}{'bytes':>11}  {'plan':<44}{'predicted':>13}{'busbw':>9}{'bound':>9}{'eff':>7}")
+    for r in rows:
+        for s in r["sizes"]:
+            print(f"{r['machine']:<20}{s['bytes']:>11}  {s['plan'][:43]:<44}{s['predicted_us']:>11.1f}us"
+                  f"{s['busbw']:>9.2f}{s['bound_busbw']:>9.2f}{100 * s['efficiency']:>6.1f}%")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
