@@ -113,8 +113,8 @@ class Communicator:
         source = topology if topology is not None else self.options.topology
         if source is not None:
             self.topology = topo.load(source)
-        elif reports and len(set(hosts)) > 1:
-            self.topology = discover.build(reports)
+        elif reports and (len(set(hosts)) > 1 or len({r["numa"] for r in reports} - {None}) > 1):
+            self.topology = discover.build(reports)  # several hosts, or one host's ranks on several sockets
         if self.topology is not None:
             tree, levels = self.topology.hierarchy(self.topology.place(hosts, self.size))
             return self._checked(tree, f"topology {self.topology.name!r}"), tuple(levels) or \
