@@ -252,7 +252,15 @@ def link_bytes(shape: Shape, levels, ph: list[Phase]) -> list[float]:
 
 
 def link_seconds(shape: Shape, levels, ph: list[Phase]) -> list[float]:
-    return [b / lv.bandwidth for b, lv in zip(link_bytes(shape, levels, ph), levels)]
+    """Seconds each resource is busy: every level's links, and for a level of peer links (NVLink between
+    sockets' GPUs) also the child's other links (its uplink), which carry the outer levels' traffic."""
+    busy = [b / lv.bandwidth for b, lv in zip(link_bytes(shape, levels, ph), levels)]
+    for k, lv in enumerate(levels):
+        other = lv.escape - lv.bandwidth
+        if lv.via == "peer" and other > 0:
+            outer = sum(p.link_bytes * shape.under[k] / shape.under[p.level] for p in ph if p.level > k)
+            busy.append(outer / other)
+    return busy
 
 
 def pipelined(ph: list[Phase], blocks: int, busy: list[float] = ()) -> float:
@@ -263,7 +271,9 @@ def pipelined(ph: list[Phase], blocks: int, busy: list[float] = ()) -> float:
     stage = sum(p.latency + (p.seconds - p.latency) / blocks for p in ph)
     compute = sum(p.compute for p in ph)
     step = max(max(busy, default=0.0) / blocks, compute / blocks, max((p.latency for p in ph), default=0.0))
-    return stage + (blocks - 1) * step
+    # No schedule finishes before its busiest link has moved everything it must (the stages leave out
+    # outer levels' traffic on inner uplinks).
+    return max(stage + (blocks - 1) * step, max(busy, default=0.0))
 
 
 def lower_bound(shape: Shape, levels, nbytes: float) -> tuple[float, str]:

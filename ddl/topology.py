@@ -75,6 +75,7 @@ class Topology:
         self._kind: dict[str, str] = {}
         for v, d in self.graph.nodes(data=True):
             self._parent[v], self._kind[v] = d.get("parent"), d.get("kind")
+        self._peer_edges = [(a, b) for a, b, up in self.graph.edges(data="uplink") if not up]
 
     # -- building -------------------------------------------------------------------------------------------
 
@@ -109,6 +110,8 @@ class Topology:
         if bw <= 0 or lat < 0 or count < 1:
             raise TopologyError(f"link {a}-{b}: bandwidth must be > 0, latency >= 0, links >= 1")
         self.graph.add_edge(a, b, kind=kind, links=count, bandwidth=bw, latency=lat, uplink=uplink)
+        if not uplink:
+            self._peer_edges.append((a, b))
         self._version += 1
 
     def _cached(self, name: str, build):
@@ -154,8 +157,7 @@ class Topology:
         return self._slots(v)
 
     def _slots(self, v: str) -> int:
-        d = self.graph.nodes[v]
-        return 1 if d["kind"] == "gpu" else int(d.get("slots", 0))
+        return 1 if self._kind[v] == "gpu" else int(self.graph.nodes[v].get("slots", 0))
 
     def _subtree(self, v: str):
         stack = [v]
@@ -262,8 +264,10 @@ class Topology:
                 occupied.add(d)
                 d = self.parent(d)
 
+        kids = self._children()
+
         def build(v):  # (vertex, children) in containment order; ranks on v itself come last
-            return (v, [build(c) for c in self.children(v) if c in occupied] + ranks_on.get(v, []))
+            return (v, [build(c) for c in kids.get(v, ()) if c in occupied] + ranks_on.get(v, []))
 
         labeled = _simplify(build(self.roots()[0]))
         if isinstance(labeled, int):
@@ -297,16 +301,17 @@ class Topology:
             k = links.kind("shm")
             return LevelCost(name, "shm", k.latency * 1e-6 + links.SOFTWARE_OVERHEAD, k.bandwidth * 1e9, gamma,
                              "peer")
-        peers = self._peer_links()
+        peers, adj, parent = self._peer_links(), self.graph._adj, self._parent
+        leaving = self._cache["leaving"][1]
         worst = None
         for t in tops:
             lat, v = 0.0, t
-            while self.parent(v) != x:
-                lat += self.graph[v][self.parent(v)]["latency"]
-                v = self.parent(v)
+            while parent[v] != x:
+                lat += adj[v][parent[v]]["latency"]
+                v = parent[v]
             across = peers.get((x, v))
-            e = self.graph[v][x]
-            outside = e["bandwidth"] + self._cache["leaving"][1].get(v, 0.0)
+            e = adj[v][x]
+            outside = e["bandwidth"] + leaving.get(v, 0.0)
             if across is not None:  # links straight to the siblings
                 cost = (across[0], across[1]["kind"], across[1]["latency"], "peer", outside)
             else:  # out through the edge into x (what lies below it was paid at lower levels) and back down
@@ -325,9 +330,9 @@ class Topology:
         out: dict = {}
         leaving: dict[str, float] = {}  # vertex -> GB/s of peer links from its subtree to the rest
         self._cache["leaving"] = (self._version, leaving)
-        for a, b, e in self.graph.edges(data=True):
-            if e["uplink"]:
-                continue
+        adj = self.graph._adj  # networkx's plain dicts: the views cost a call per lookup
+        for a, b in self._peer_edges:
+            e = adj[a][b]
             up_a, up_b = self._chain(a), self._chain(b)
             while len(up_a) > 1 and len(up_b) > 1 and up_a[-2] == up_b[-2]:  # strip the shared ancestors
                 up_a.pop()
@@ -568,9 +573,40 @@ def _expand(d: dict) -> Topology:
             t.add(name, "switch", parent, s.get("uplink") if up else None, level=s["level"])
             row.append(name)
         names.insert(0, row)
+    model: tuple[str, list[str]] | None = None
     for i, n in enumerate(nodes):
-        _add_node(t, {**template, **n}, names[0][i // switches[0]["fanout"]])
+        switch = names[0][i // switches[0]["fanout"]]
+        if model is not None and set(n) <= {"name"}:  # like the first node but for its name: copy it
+            _copy_node(t, *model, n["name"], switch)
+            continue
+        _add_node(t, {**template, **n}, switch)
+        if set(n) <= {"name"}:
+            model = (n["name"], list(t._subtree(n["name"])))
     return t
+
+
+def _copy_node(t: Topology, model: str, inside: list[str], name: str, switch: str) -> None:
+    """A node built like ``model`` (already validated; ``inside``: its vertices), added in bulk: large
+    regular machines (Summit's 4,608 nodes) would spend most of their loading time checking the same
+    template again."""
+    g, adj = t.graph, t.graph._adj
+    rename = {v: name + v[len(model):] for v in inside}
+    rename[t.parent(model)] = switch
+    for v in inside:
+        d = dict(g.nodes[v])
+        d["parent"] = rename[d["parent"]]
+        if v == model:
+            d["host"] = name
+        g.add_node(rename[v], **d)
+        t._parent[rename[v]], t._kind[rename[v]] = d["parent"], d["kind"]
+    for v in inside:
+        for u, e in adj[v].items():
+            if u in rename:  # inside the node, or the model's own uplink into its switch
+                if not g.has_edge(rename[v], rename[u]):
+                    g.add_edge(rename[v], rename[u], **e)
+                    if not e["uplink"]:
+                        t._peer_edges.append((rename[v], rename[u]))
+    t._version += 1
 
 
 def _add_node(t: Topology, spec: dict, switch: str | None) -> None:

@@ -69,8 +69,13 @@ def _sizes(s):
 
 
 def random_levels(rng, depth):
-    return tuple(LevelCost(f"l{i}", "shm", rng.uniform(1e-6, 1e-4), rng.uniform(1e7, 1e11), 1 / 4e9,
-                           rng.choice(["peer", "uplink"])) for i in range(depth))
+    """Random costs; a peer level's child also has other links (an uplink) of random width."""
+    out = []
+    for i in range(depth):
+        bw, via = rng.uniform(1e7, 1e11), rng.choice(["peer", "uplink"])
+        out.append(LevelCost(f"l{i}", "shm", rng.uniform(1e-6, 1e-4), bw, 1 / 4e9, via,
+                             bw + rng.uniform(1e7, 1e11) if via == "peer" else bw))
+    return tuple(out)
 
 
 @settings(max_examples=300, deadline=None)

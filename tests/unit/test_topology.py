@@ -71,6 +71,26 @@ def test_summit_cluster_shape(summit):
     assert "... and 15 more like summit0000" in text and "... and 253 more like rack" in text
 
 
+def test_nodes_copied_from_the_first_equal_nodes_built_one_by_one():
+    """Regular machines copy the first node in bulk; the graph must be what building each node gives."""
+    copied = topology.load("emulated-racks")
+    d = json.loads((topology._source_machines() / "emulated-racks.json").read_text())
+    d["nodes"] = [{"name": f"node{i}", "slots": 2} for i in range(4)]  # an override: built one by one
+    built = topology.load(d)
+    assert dict(copied.graph.nodes(data=True)) == dict(built.graph.nodes(data=True))
+    assert {frozenset(e[:2]): e[2] for e in copied.graph.edges(data=True)} == \
+        {frozenset(e[:2]): e[2] for e in built.graph.edges(data=True)}
+    gpus = topology.load(dict(json.loads((topology._source_machines() / "summit.json").read_text()),
+                              nodes=3, switches=[{"level": "rack", "fanout": 3}]))
+    one_by_one = topology.load(dict(json.loads((topology._source_machines() / "summit.json").read_text()),
+                                    nodes=[{"name": f"summit{i:04d}", "gpus": 6} for i in range(3)],
+                                    switches=[{"level": "rack", "fanout": 3}]))
+    assert dict(gpus.graph.nodes(data=True)) == dict(one_by_one.graph.nodes(data=True))
+    assert {frozenset(e[:2]): e[2] for e in gpus.graph.edges(data=True)} == \
+        {frozenset(e[:2]): e[2] for e in one_by_one.graph.edges(data=True)}
+    assert sorted(map(sorted, gpus._peer_edges)) == sorted(map(sorted, one_by_one._peer_edges))
+
+
 def test_dgx1_hybrid_cube_mesh():
     t = topology.load("dgx1")
     for g in range(8):  # six NVLink bricks per V100
