@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,14 +287,9 @@ class Topology:
         """Cost of one group (vertex X, children): the slowest child's bandwidth to its siblings, over peer
         links when the children have any between them, else up through X."""
         x, kids = group
-        ranks = [k for k in kids if isinstance(k, int)]
-        gamma = links.REDUCE_SECONDS_PER_BYTE["gpu" if any(self.kind(placement[r]) == "gpu" for r in
-                                                           _first_ranks(group)) else "cpu"]
+        device = self.kind(placement[_first_rank(group)])
+        gamma = links.REDUCE_SECONDS_PER_BYTE["gpu" if device == "gpu" else "cpu"]
         name = self.level_name(x)
-        if len(ranks) == len(kids) and self._slots(x) > 1:  # ranks sharing one device vertex
-            k = links.kind("shm")
-            return LevelCost(name, "shm", k.latency * 1e-6 + links.SOFTWARE_OVERHEAD, k.bandwidth * 1e9, gamma,
-                             "peer")
         tops = [k[0] if isinstance(k, tuple) else placement[k] for k in kids]
         if any(t == x for t in tops):  # a rank on x itself: its siblings are reached in memory
             k = links.kind("shm")
@@ -330,28 +324,45 @@ class Topology:
         out: dict = {}
         leaving: dict[str, float] = {}  # vertex -> GB/s of peer links from its subtree to the rest
         self._cache["leaving"] = (self._version, leaving)
-        adj = self.graph._adj  # networkx's plain dicts: the views cost a call per lookup
+        adj, parent, depth = self.graph._adj, self._parent, self._depths()
         for a, b in self._peer_edges:
             e = adj[a][b]
-            up_a, up_b = self._chain(a), self._chain(b)
-            while len(up_a) > 1 and len(up_b) > 1 and up_a[-2] == up_b[-2]:  # strip the shared ancestors
-                up_a.pop()
-                up_b.pop()
-            if up_a[-1] != up_b[-1] or len(up_a) < 2 or len(up_b) < 2:
+            bw = e["bandwidth"]
+            path = []  # the vertices below the lowest common ancestor x, on both sides
+            while depth[a] > depth[b]:
+                path.append(a)
+                a = parent[a]
+            while depth[b] > depth[a]:
+                path.append(b)
+                b = parent[b]
+            if a == b:
                 continue  # one end contains the other
-            x = up_a[-1]
-            for v in up_a[:-1] + up_b[:-1]:  # the edge leaves every subtree on the way up to x
-                leaving[v] = leaving.get(v, 0.0) + e["bandwidth"]
-            for c in (up_a[-2], up_b[-2]):
-                bw, best = out.get((x, c), (0.0, None))
-                out[(x, c)] = (bw + e["bandwidth"], e if best is None or e["bandwidth"] > best["bandwidth"] else best)
+            while parent[a] != parent[b]:
+                path += (a, b)
+                a, b = parent[a], parent[b]
+            path += (a, b)
+            x = parent[a]
+            for v in path:  # the edge leaves every subtree on the way up to x
+                leaving[v] = leaving.get(v, 0.0) + bw
+            for c in (a, b):  # a and b are now x's children holding the two ends
+                total, best = out.get((x, c), (0.0, None))
+                out[(x, c)] = (total + bw, e if best is None or bw > best["bandwidth"] else best)
         return out
 
-    def _chain(self, v: str) -> list[str]:
-        parent, out = self._parent, [v]
-        while parent[out[-1]] is not None:
-            out.append(parent[out[-1]])
-        return out
+    def _depths(self) -> dict[str, int]:
+        def build():
+            depth: dict[str, int] = {}
+            for v in self._parent:
+                chain = []
+                while v is not None and v not in depth:
+                    chain.append(v)
+                    v = self._parent[v]
+                d = -1 if v is None else depth[v]
+                for u in reversed(chain):
+                    d += 1
+                    depth[u] = d
+            return depth
+        return self._cached("depths", build)
 
     # -- JSON, text, picture -----------------------------------------------------------------------------
 
@@ -499,10 +510,10 @@ def _simplify(node):
     return kids[0] if len(kids) == 1 else (v, kids)
 
 
-def _first_ranks(node, n: int = 1) -> list[int]:
+def _first_rank(node) -> int:
     while not isinstance(node, int):
         node = node[1][0]
-    return [node]
+    return node
 
 
 def _collect(node, depth: int, by_depth: list) -> None:
@@ -685,7 +696,3 @@ def library() -> list[str]:
         if d.is_dir():
             names.update(p.stem for p in d.glob("*.json"))
     return sorted(names)
-
-
-def environment_file(environ=os.environ) -> str | None:
-    return environ.get("DDL_TOPOLOGY") or None
