@@ -670,8 +670,7 @@ def load(source) -> Topology:
         return Topology.from_dict(_parse(text, "the given JSON"))
     path = Path(text)
     if not path.exists():
-        candidates = [MACHINES / f"{text}.json", _source_machines() / f"{text}.json"]
-        path = next((c for c in candidates if c.exists()), path)
+        path = machine_file(text) or path
     if not path.exists():
         raise TopologyError(f"no topology file {text!r} (and no machine of that name in the library: "
                             f"{', '.join(library())})")
@@ -683,6 +682,11 @@ def _parse(text: str, where: str) -> dict:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise TopologyError(f"{where}: not valid JSON: {e}") from None
+
+
+def machine_file(name: str) -> Path | None:
+    """The file of a library machine: installed with ddl, or in the source tree's topology/."""
+    return next((c for c in (MACHINES / f"{name}.json", _source_machines() / f"{name}.json") if c.exists()), None)
 
 
 def _source_machines() -> Path:

@@ -74,15 +74,15 @@ def test_summit_cluster_shape(summit):
 def test_nodes_copied_from_the_first_equal_nodes_built_one_by_one():
     """Regular machines copy the first node in bulk; the graph must be what building each node gives."""
     copied = topology.load("emulated-racks")
-    d = json.loads((topology._source_machines() / "emulated-racks.json").read_text())
+    d = json.loads(topology.machine_file("emulated-racks").read_text())
     d["nodes"] = [{"name": f"node{i}", "slots": 2} for i in range(4)]  # an override: built one by one
     built = topology.load(d)
     assert dict(copied.graph.nodes(data=True)) == dict(built.graph.nodes(data=True))
     assert {frozenset(e[:2]): e[2] for e in copied.graph.edges(data=True)} == \
         {frozenset(e[:2]): e[2] for e in built.graph.edges(data=True)}
-    gpus = topology.load(dict(json.loads((topology._source_machines() / "summit.json").read_text()),
+    gpus = topology.load(dict(json.loads(topology.machine_file("summit").read_text()),
                               nodes=3, switches=[{"level": "rack", "fanout": 3}]))
-    one_by_one = topology.load(dict(json.loads((topology._source_machines() / "summit.json").read_text()),
+    one_by_one = topology.load(dict(json.loads(topology.machine_file("summit").read_text()),
                                     nodes=[{"name": f"summit{i:04d}", "gpus": 6} for i in range(3)],
                                     switches=[{"level": "rack", "fanout": 3}]))
     assert dict(gpus.graph.nodes(data=True)) == dict(one_by_one.graph.nodes(data=True))
