@@ -24,8 +24,8 @@ SETTINGS = {
         Setting("DDL_OPTIONS", "", "IBM DDL option string: -mode, -dump_iter, -dbg_level, -check, ... (see README)"),
         Setting("DDL_TIMEOUT", "300", "seconds a collective may go without any progress before it fails naming the peer"),
         Setting("DDL_ALGO", "auto", "force allreduce algorithms: one for every level or a comma list per level, innermost "
-                "first; each auto, ring, rabenseifner, direct, or recursive_doubling (top level; alone: the "
-                "latency plan)"),
+                "first; each auto, ring, rabenseifner, direct, or (top level only) exchange, recursive_doubling "
+                "(alone: the latency plan)"),
         Setting("DDL_SEGMENT_BYTES", "auto", "bytes per pipeline block for large messages (auto: chosen by the planner)"),
         Setting("DDL_INFLIGHT", "auto", "pipeline blocks in flight at once (auto: 2 on one level, one per phase "
                 "on several)"),

@@ -23,7 +23,7 @@ MODE_LETTERS = {
     "m": "MPI reduce_scatter + allgatherv",
     "p": "explore: measure and pick the best per dimension",
 }
-ALGORITHMS = ("auto", "ring", "rabenseifner", "recursive_doubling", "direct")
+ALGORITHMS = ("auto", "ring", "rabenseifner", "recursive_doubling", "direct", "exchange")
 # What each -mode letter makes of every level on the CPU path (NCCL arrives with the GPU path). IBM never
 # documented "RCS"; we read it as recursive halving/doubling. "m" (MPI reduce_scatter + allgatherv) becomes
 # its point-to-point equivalent, direct exchange: ddl never calls MPI's collectives.

@@ -12,7 +12,8 @@ special case and every member carries its 1/g, and the plan follows the tree, no
 
 Per level an algorithm: ``ring`` (g-1 rounds each way), ``rabenseifner`` (recursive halving, then doubling;
 groups of a power of two, others fall back to ring), ``direct`` (one round each way, g-1 messages); the top
-level allreduces with ring, rabenseifner, recursive_doubling or direct. Each is priced by the alpha-beta-gamma
+level allreduces with ring, rabenseifner, recursive_doubling, direct, or ``exchange`` (one round: the whole
+vector to every other owner, for tiny messages). Each is priced by the alpha-beta-gamma
 model with the level's links (ddl.topology.LevelCost); the cheapest wins per level. For tiny messages the
 ``latency`` shape competes: one recursive doubling over all ranks in tree order (lg p rounds).
 
@@ -34,7 +35,7 @@ from .schedule import Op, Program, Step, number_tags
 from .topology import LevelCost, default_level
 
 LEVEL_ALGORITHMS = ("ring", "rabenseifner", "direct")
-TOP_ALGORITHMS = ("ring", "rabenseifner", "recursive_doubling", "direct")
+TOP_ALGORITHMS = ("ring", "rabenseifner", "recursive_doubling", "direct", "exchange")
 MIN_BLOCK_BYTES = 1 << 20   # smaller pipeline blocks measured slower on shared memory (see README)
 MAX_BLOCKS = 64
 
@@ -97,7 +98,7 @@ def top_rounds(algo: str, g: int) -> int:
         return 0
     fold = 2 if not _pof2(g) else 0
     return {"ring": 2 * (g - 1), "rabenseifner": 2 * _lg(g) + fold, "recursive_doubling": _lg(g) + fold,
-            "direct": 2}[algo]
+            "direct": 2, "exchange": 1}[algo]
 
 
 # -- plans: what every rank agrees on ------------------------------------------------------------------------
@@ -199,11 +200,13 @@ def phases(shape: Shape, levels, algorithms, nbytes: float) -> list[Phase]:
             rs.append(Phase(lvl, "reduce-scatter", algo, r, lat + sent / c.bandwidth + red, lat, sent, red))
             continue
         r = top_rounds(algo, g)
-        extra = 2 * (g - 2) if algo == "direct" and g > 1 else 0
+        extra = {"direct": 2 * (g - 2), "exchange": g - 2}.get(algo, 0) if g > 1 else 0
         lat = r * c.alpha + extra * links.SOFTWARE_OVERHEAD
         fold = 1.0 if not _pof2(g) and algo in ("rabenseifner", "recursive_doubling") else 0.0
         if algo == "recursive_doubling":
             sent, red = (_lg(g) + 2 * fold) * nbytes, (_lg(g) + fold) * m
+        elif algo == "exchange":
+            sent, red = (g - 1) * nbytes, (g - 1) * m
         else:
             sent, red = (2 * (g - 1) / g + 2 * fold) * nbytes, ((g - 1) / g + fold) * m
         last = Phase(lvl, "allreduce", algo, r, lat + sent / c.bandwidth + red * c.gamma, lat, sent, red * c.gamma)
@@ -523,4 +526,11 @@ def _direct_allreduce(rank: int, p: int, count: int) -> Program:
     return Program(rank, number_tags(out), 2 if p > 1 else 0)
 
 
-ALLREDUCE_AT_TOP = {**ALLREDUCE, "direct": _direct_allreduce}
+def _exchange_allreduce(rank: int, p: int, count: int) -> Program:
+    """Latency-optimal for tiny vectors: one round, the whole vector to and from every other rank."""
+    out = [Step(0, op, peer, 0, count) for peer in range(p) if peer != rank and count
+           for op in (Op.SEND, Op.RECV_REDUCE)]
+    return Program(rank, number_tags(out), 1 if p > 1 else 0)
+
+
+ALLREDUCE_AT_TOP = {**ALLREDUCE, "direct": _direct_allreduce, "exchange": _exchange_allreduce}

@@ -144,7 +144,8 @@ def test_flat_cost_formulas_closed_form():
     s = planner.Shape.of(list(range(8)))
     alpha = (LevelCost("l", "shm", 1.0, 1e30, 0.0),)
     t = {a: sum(p.seconds for p in planner.phases(s, alpha, (a,), 100)) for a in planner.TOP_ALGORITHMS}
-    assert t == {"ring": 14.0, "rabenseifner": 6.0, "recursive_doubling": 3.0, "direct": 2.0 + 12 * 2e-6}
+    assert t == {"ring": 14.0, "rabenseifner": 6.0, "recursive_doubling": 3.0, "direct": 2.0 + 12 * 2e-6,
+                 "exchange": 1.0 + 6 * 2e-6}
     beta = (LevelCost("l", "shm", 0.0, 1.0, 0.0),)
     s4 = planner.Shape.of(list(range(4)))
     assert sum(p.seconds for p in planner.phases(s4, beta, ("ring",), 100)) == pytest.approx(150.0)
