@@ -88,6 +88,7 @@ class Communicator:
             raise type(e)(str(e) if str(e).startswith("rank ") else f"rank {rank}: {e}") from None
         self.hierarchy = self.tree if hierarchical.depth(self.tree) >= 2 else None
         self._algos = tuple(self.options.algo.split(","))
+        self.plan_for(1)  # a forced algorithm list that does not fit the tree fails here, not mid-training
         # Settings that shape plans must match across ranks: they go into every call's hash.
         o = self.options
         shape = f"{hierarchical.describe(self.tree)} {[lv.to_dict() for lv in self.levels]} {self._forced}"

@@ -74,11 +74,17 @@ def test_init_is_idempotent_and_refuses_new_arguments(alone):
     assert ddl.init(options="-algo ring -timeout 5").options.algo == "ring"
 
 
-def test_bad_options_at_init(alone):
-    with pytest.raises(ddl.DDLError, match="unknown DDL option"):
-        ddl.init(options="-frobnicate 1")
-    with pytest.raises(ddl.DDLError, match="invalid dim size=8 usr_size=1"):
-        ddl.init(options="-mode r:4x2")
+@pytest.mark.parametrize("kwargs, message", [
+    ({"options": "-frobnicate 1"}, "unknown DDL option"),
+    ({"options": "-mode r:4x2"}, "invalid dim size=8 usr_size=1"),
+    ({"options": "-algo ring,direct"}, "rank 0: 2 algorithms given for 1 levels"),
+    ({"options": "-algo ring,warp"}, "'warp' is not an algorithm"),
+    ({"options": "-plan no/such/plan.json"}, "plan file 'no/such/plan.json' cannot be used"),
+    ({"topology": "no-such-machine"}, "no topology file 'no-such-machine'"),
+])
+def test_bad_options_at_init(alone, kwargs, message):
+    with pytest.raises(ddl.DDLError, match=message):
+        ddl.init(**kwargs)
 
 
 def test_native_library_never_calls_mpi_collectives():
