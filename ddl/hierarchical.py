@@ -61,14 +61,6 @@ def from_dims(dims: tuple[int, ...]) -> list:
     return normalize(tree[0] if len(tree) == 1 else tree)
 
 
-def from_hosts(host_of_rank: list[int]) -> list | None:
-    """Two levels from each rank's host: the ranks of each host, hosts in order of their first rank."""
-    hosts: dict[int, list[int]] = {}
-    for r, h in enumerate(host_of_rank):
-        hosts.setdefault(h, []).append(r)
-    return normalize(list(hosts.values())) if len(hosts) > 1 else None
-
-
 def _product(dims) -> int:
     out = 1
     for d in dims:
