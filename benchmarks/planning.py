@@ -23,13 +23,9 @@ def clock(f):
     return out, time.perf_counter() - t
 
 
-def ranks_of(t):
-    return len(t.placement) if t.placement is not None else sum(t.slots(d) for d in t.devices())
-
-
 def measure(name: str) -> dict:
     t, load = clock(lambda: topology.load(name))
-    p = ranks_of(t)
+    p = t.capacity()
     placement, place = clock(lambda: t.place(None, p))
     (tree, levels), derive = clock(lambda: t.hierarchy(placement))
     plan, choose = clock(lambda: planner.choose(tree, levels, 64 << 20))

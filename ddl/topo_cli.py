@@ -81,10 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _placement(t: topology.Topology, ranks: int | None) -> list[str]:
-    if t.placement is not None and ranks is None:
-        return t.place(None, len(t.placement))
-    total = sum(t.slots(d) for d in t.devices())
-    return t.place(None, ranks or total)
+    return t.place(None, ranks or t.capacity())
 
 
 if __name__ == "__main__":

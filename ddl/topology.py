@@ -149,14 +149,15 @@ class Topology:
     def devices(self, under: str | None = None) -> list[str]:
         """Where ranks can run, in order: GPUs, else vertices with slots."""
         vs = list(self._subtree(under)) if under else list(self.graph.nodes)
-        return [v for v in vs if self._slots(v) > 0]
+        return [v for v in vs if self.slots(v) > 0]
 
     def slots(self, v: str) -> int:
         """Ranks v can host: 1 for a GPU, its slots for a socket or node without GPUs."""
-        return self._slots(v)
-
-    def _slots(self, v: str) -> int:
         return 1 if self._kind[v] == "gpu" else int(self.graph.nodes[v].get("slots", 0))
+
+    def capacity(self) -> int:
+        """The ranks the machine runs when nothing else says: its placement's, else one per GPU or slot."""
+        return len(self.placement) if self.placement is not None else sum(self.slots(d) for d in self.devices())
 
     def _subtree(self, v: str):
         stack = [v]
@@ -240,7 +241,7 @@ class Topology:
         return out
 
     def _free_slots(self, devices: list[str]) -> list[str]:
-        return [d for d in devices for _ in range(self._slots(d))]
+        return [d for d in devices for _ in range(self.slots(d))]
 
     def _device_for(self, rank: int, where: str, used: dict) -> str:
         if where not in self.graph:
@@ -433,8 +434,8 @@ class Topology:
             if peers:
                 bits.append("peers " + ", ".join(f"{u.rsplit('/', 1)[-1]}:{e['kind']}x{e['links']}"
                                                   for u, e in peers))
-            if d["kind"] != "gpu" and self._slots(v):
-                bits.append(f"{self._slots(v)} slots")
+            if d["kind"] != "gpu" and self.slots(v):
+                bits.append(f"{self.slots(v)} slots")
             return "  ".join(bits)
 
         def walk(v, indent):

@@ -14,10 +14,6 @@ from ddl.schedule import Collective, Schedule
 SMALL = [m for m in topology.library() if m not in ("summit", "dgx-h100-superpod")]
 
 
-def ranks_of(t):
-    return len(t.placement) if t.placement is not None else sum(t.slots(d) for d in t.devices())
-
-
 @pytest.fixture(scope="module")
 def summit():
     return topology.load("summit")
@@ -32,8 +28,8 @@ def test_the_library_holds_the_machines_the_issue_names():
 @pytest.mark.parametrize("nbytes", [8, 1 << 20, 256 << 20])
 def test_every_machine_loads_validates_and_plans(name, nbytes, summit):
     t = summit if name == "summit" else topology.load(name)
-    tree, levels = t.hierarchy(t.place(None, ranks_of(t)))
-    assert sorted(leaves(tree)) == list(range(ranks_of(t)))
+    tree, levels = t.hierarchy(t.place(None, t.capacity()))
+    assert sorted(leaves(tree)) == list(range(t.capacity()))
     plan = planner.choose(tree, levels, nbytes)
     seconds, _ = planner.predict(plan, nbytes)
     bound, _ = planner.lower_bound(planner.Shape.of(tree), levels, nbytes)
@@ -43,7 +39,7 @@ def test_every_machine_loads_validates_and_plans(name, nbytes, summit):
 @pytest.mark.parametrize("name", SMALL)
 def test_small_machines_plans_pass_the_checker(name):
     t = topology.load(name)
-    p = ranks_of(t)
+    p = t.capacity()
     tree, levels = t.hierarchy(t.place(None, p))
     for nbytes, count in ((8, 2), (1 << 20, 1001)):
         plan = planner.choose(tree, levels, nbytes)
@@ -113,7 +109,7 @@ def test_json_round_trip_keeps_the_graph_and_the_plan():
         assert set(again.graph.nodes) == set(t.graph.nodes)
         assert sorted(map(sorted, again.graph.edges)) == sorted(map(sorted, t.graph.edges))
         assert all(again.graph.edges[e] == t.graph.edges[e] for e in t.graph.edges)
-        n = ranks_of(t)
+        n = t.capacity()
         assert again.hierarchy(again.place(None, n)) == t.hierarchy(t.place(None, n))
 
 
