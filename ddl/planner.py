@@ -336,7 +336,7 @@ def choose(tree, levels, nbytes: int, forced: tuple[str, ...] = (), block_bytes:
     busy = link_seconds(shape, levels, ph)
     blocks = _blocks(ph, busy, nbytes, block_bytes)
     hier = pipelined(ph, blocks, busy)
-    if "auto" in forced and shape.depth > 1 and pipelined(latency_phases(shape, levels, nbytes), 1) < hier:
+    if set(forced) == {"auto"} and shape.depth > 1 and pipelined(latency_phases(shape, levels, nbytes), 1) < hier:
         return Plan(tree, levels, ("recursive_doubling",) * shape.depth, "latency", max(1, nbytes), 1)
     block = block_bytes or max(1, -(-nbytes // blocks))
     stages = 2 * shape.depth - 1

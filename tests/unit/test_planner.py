@@ -162,6 +162,7 @@ def test_choice_at_the_extremes():
     assert big.shape == "hierarchical" and big.block_bytes < 256 << 20 and big.inflight > 1
     assert planner.choose(tree, slow_net, 8, ("recursive_doubling",)).shape == "latency"
     assert planner.choose(tree, slow_net, 1 << 20, ("direct", "ring")).algorithms == ("direct", "ring")
+    assert planner.choose(tree, slow_net, 8, ("auto", "ring")).algorithms[1] == "ring"  # a forced level stays
     with pytest.raises(ValueError, match="cannot run level 0"):
         planner.choose(tree, slow_net, 8, ("recursive_doubling", "ring"))
     with pytest.raises(ValueError, match="3 algorithms given for 2 levels"):
