@@ -92,29 +92,32 @@ def rabenseifner_allreduce(rank: int, p: int, count: int) -> Program:
     steps = _fold_steps(rank, rem, count, rounds - 1)
     if new >= 0:
         chunks = split(count, pof2)
-
-        def span(lo: int, hi: int) -> tuple[int, int]:  # elements of chunks [lo, hi)
-            start = chunks[lo][0]
-            return start, (chunks[hi - 1][0] + chunks[hi - 1][1] - start) if hi > lo else 0
-
-        lo, hi = 0, pof2
-        for i in range(levels):  # halving: the bit from the top picks the half a rank keeps
-            mask = pof2 >> (i + 1)
-            peer = _real_rank(new ^ mask, rem)
-            mid = (lo + hi) // 2
-            keep, give = ((lo, mid), (mid, hi)) if new & mask == 0 else ((mid, hi), (lo, mid))
-            r = i + shift
-            steps += [Step(r, Op.SEND, peer, *span(*give)), Step(r, Op.RECV_REDUCE, peer, *span(*keep))]
-            lo, hi = keep
-        for i in range(levels):  # doubling: trade owned ranges back, lowest bit first
-            mask = 1 << i
-            peer = _real_rank(new ^ mask, rem)
-            width = hi - lo
-            other = (lo - width, lo) if new & mask else (hi, hi + width)
-            r = levels + i + shift
-            steps += [Step(r, Op.SEND, peer, *span(lo, hi)), Step(r, Op.RECV_COPY, peer, *span(*other))]
-            lo, hi = min(lo, other[0]), max(hi, other[1])
+        for rnd, op, peer, lo, hi in halving_doubling(new, pof2, shift, levels + shift):
+            start, end = chunks[lo][0], chunks[hi - 1][0] + chunks[hi - 1][1]
+            steps.append(Step(rnd, op, _real_rank(peer, rem), start, end - start))
     return _program(rank, rounds, steps)
+
+
+def halving_doubling(i: int, g: int, rs0: int, ag0: int):
+    """Recursive halving among g ranks (a power of two), the top bit first picking the half kept, so rank i
+    ends owning chunk i of g; then the mirror recursive doubling, lowest bit first. Yields (round, op, peer,
+    first chunk, end chunk) with reduce-scatter rounds from rs0 and allgather rounds from ag0."""
+    a, b = 0, g
+    levels = g.bit_length() - 1
+    for k in range(levels):
+        mask = g >> (k + 1)
+        mid = (a + b) // 2
+        keep, give = ((a, mid), (mid, b)) if i & mask == 0 else ((mid, b), (a, mid))
+        yield rs0 + k, Op.SEND, i ^ mask, *give
+        yield rs0 + k, Op.RECV_REDUCE, i ^ mask, *keep
+        a, b = keep
+    for k in range(levels):
+        mask = 1 << k
+        w = b - a
+        other = (a - w, a) if i & mask else (b, b + w)
+        yield ag0 + k, Op.SEND, i ^ mask, a, b
+        yield ag0 + k, Op.RECV_COPY, i ^ mask, *other
+        a, b = min(a, other[0]), max(b, other[1])
 
 
 ALLREDUCE: dict[str, Callable[[int, int, int], Program]] = {

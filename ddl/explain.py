@@ -11,13 +11,17 @@ from . import planner
 @dataclass(frozen=True)
 class Explanation:
     plan: planner.Plan
+    shape: planner.Shape
     nbytes: int
-    nranks: int
     predicted: float          # seconds
     bound: float              # seconds
     bound_reason: str
     phases: tuple[planner.Phase, ...]
     link_bytes: tuple[float, ...]  # per level: bytes one child sends over the level's links
+
+    @property
+    def nranks(self) -> int:
+        return self.shape.nranks
 
     @property
     def efficiency(self) -> float:
@@ -31,7 +35,7 @@ class Explanation:
         return alg, alg * 2 * (self.nranks - 1) / self.nranks
 
     def to_dict(self) -> dict:
-        shape = planner.Shape.of(self.plan.tree)
+        shape = self.shape
         return {
             "bytes": self.nbytes, "ranks": self.nranks, "plan": self.plan.to_dict(),
             "levels": [dict(level=i, groups=shape.groups[i], sizes=list(shape.sizes[i]),
@@ -43,7 +47,7 @@ class Explanation:
         }
 
     def text(self) -> str:
-        p, shape = self.plan, planner.Shape.of(self.plan.tree)
+        p, shape = self.plan, self.shape
         blocks = max(1, -(-self.nbytes // p.block_bytes))
         lines = [f"allreduce of {_size(self.nbytes)} over {self.nranks} ranks, {shape.depth} level(s): "
                  f"{planner.label(p)}; {blocks} block(s) of {_size(min(p.block_bytes, self.nbytes))}, "
@@ -73,10 +77,10 @@ class Explanation:
 
 def explain(plan: planner.Plan, nbytes: int) -> Explanation:
     shape = planner.Shape.of(plan.tree)
-    seconds, ph = planner.predict(plan, nbytes)
+    seconds, ph = planner.predict(plan, nbytes, shape)
     bound, why = planner.lower_bound(shape, plan.levels, nbytes)
     sent = planner.link_bytes(shape, plan.levels, ph)
-    return Explanation(plan, nbytes, shape.nranks, seconds, bound, why, tuple(ph), tuple(sent))
+    return Explanation(plan, shape, nbytes, seconds, bound, why, tuple(ph), tuple(sent))
 
 
 def _size(n: float) -> str:

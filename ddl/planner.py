@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import links
-from .algorithms import ALLREDUCE
+from .algorithms import ALLREDUCE, halving_doubling
 from .hierarchical import depth, leaves, normalize
 from .schedule import Op, Program, Step, number_tags
 from .topology import LevelCost, default_level
@@ -367,8 +367,9 @@ def _names(levels) -> str:
     return ", ".join(lv.name for lv in levels)
 
 
-def predict(plan: Plan, nbytes: int) -> tuple[float, list[Phase]]:
-    shape = Shape.of(plan.tree)
+def predict(plan: Plan, nbytes: int, shape: Shape | None = None) -> tuple[float, list[Phase]]:
+    """(seconds, phases) the model predicts; ``shape``, when the caller has it, saves walking the tree."""
+    shape = shape or Shape.of(plan.tree)
     if plan.shape == "latency":
         ph = latency_phases(shape, plan.levels, nbytes)
         return pipelined(ph, 1), ph
@@ -480,23 +481,9 @@ def _scatter_gather(i, group, bounds, algo, lo, rs0, ag0, lvl, out) -> None:
                 add(rs0, Op.RECV_REDUCE, j, span(i, i + 1))
                 add(ag0, Op.SEND, j, span(i, i + 1))
                 add(ag0, Op.RECV_COPY, j, span(j, j + 1))
-    else:  # recursive halving: the top bit first picks the half kept, ending with share i; doubling mirrors
-        a, b = 0, g
-        levels = _lg(g)
-        for k in range(levels):
-            mask = g >> (k + 1)
-            mid = (a + b) // 2
-            keep, give = ((a, mid), (mid, b)) if i & mask == 0 else ((mid, b), (a, mid))
-            add(rs0 + k, Op.SEND, i ^ mask, span(*give))
-            add(rs0 + k, Op.RECV_REDUCE, i ^ mask, span(*keep))
-            a, b = keep
-        for k in range(levels):
-            mask = 1 << k
-            w = b - a
-            other = (a - w, a) if i & mask else (b, b + w)
-            add(ag0 + k, Op.SEND, i ^ mask, span(a, b))
-            add(ag0 + k, Op.RECV_COPY, i ^ mask, span(*other))
-            a, b = min(a, other[0]), max(b, other[1])
+    else:  # recursive halving, then doubling, over the shares
+        for rnd, op, peer, a, b in halving_doubling(i, g, rs0, ag0):
+            add(rnd, op, peer, span(a, b))
 
 
 def _group_of(tree, me: int) -> list[int]:
