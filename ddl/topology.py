@@ -296,8 +296,7 @@ class Topology:
             k = links.kind("shm")
             return LevelCost(name, "shm", k.latency * 1e-6 + links.SOFTWARE_OVERHEAD, k.bandwidth * 1e9, gamma,
                              "peer")
-        peers, adj, parent = self._peer_links(), self.graph._adj, self._parent
-        leaving = self._cache["leaving"][1]
+        (peers, leaving), adj, parent = self._peer_links(), self.graph._adj, self._parent
         worst = None
         for t in tops:
             lat, v = 0.0, t
@@ -316,15 +315,15 @@ class Topology:
         bw, kind, lat, via, outside = worst
         return LevelCost(name, kind, lat * 1e-6 + links.SOFTWARE_OVERHEAD, bw * 1e9, gamma, via, outside * 1e9)
 
-    def _peer_links(self) -> dict:
-        """(container x, child c of x) -> (GB/s of c's peer links to its siblings under x, the fastest such
-        edge): each peer edge counts under the lowest vertex containing both of its ends."""
+    def _peer_links(self) -> tuple[dict, dict]:
+        """(across, leaving): across maps (container x, child c of x) to (GB/s of c's peer links to its
+        siblings under x, the fastest such edge), each peer edge counted under the lowest vertex containing
+        both ends; leaving maps a vertex to the GB/s of peer links from its subtree to the rest."""
         return self._cached("peers", self._index_peer_links)
 
-    def _index_peer_links(self) -> dict:
+    def _index_peer_links(self) -> tuple[dict, dict]:
         out: dict = {}
-        leaving: dict[str, float] = {}  # vertex -> GB/s of peer links from its subtree to the rest
-        self._cache["leaving"] = (self._version, leaving)
+        leaving: dict[str, float] = {}
         adj, parent, depth = self.graph._adj, self._parent, self._depths()
         for a, b in self._peer_edges:
             e = adj[a][b]
@@ -348,7 +347,7 @@ class Topology:
             for c in (a, b):  # a and b are now x's children holding the two ends
                 total, best = out.get((x, c), (0.0, None))
                 out[(x, c)] = (total + bw, e if best is None or bw > best["bandwidth"] else best)
-        return out
+        return out, leaving
 
     def _depths(self) -> dict[str, int]:
         def build():
