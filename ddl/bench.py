@@ -63,31 +63,83 @@ def count_wrong(got: np.ndarray, ref: np.ndarray, op: str, dtype: np.dtype) -> i
 
 
 class Runner:
-    """One way of doing an allreduce: ddl or MPI, out of place (into ``out``) or in place."""
+    """One way of doing an allreduce, out of place (into ``out``) or in place: ``ddl`` (its own plan),
+    ``ddl-ring`` (ddl forced to one flat ring in rank order), ``mpi`` (MPI_Allreduce of this MPI, whatever
+    its collective components choose) or ``gloo`` (PyTorch's gloo all_reduce, where torch is installed)."""
+
+    ALGOS = ("ddl", "ddl-ring", "mpi", "gloo")
 
     def __init__(self, algo: str, comm):
+        if algo not in self.ALGOS:
+            raise ValueError(f"unknown algorithm {algo!r} (known: {', '.join(self.ALGOS)})")
         self.algo, self.comm = algo, comm
         from mpi4py import MPI
 
         self.MPI = MPI
         self.mpi_op = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+        self.ddl = None
+        if algo == "ddl-ring":
+            import ddl
+            from ddl.options import parse
+
+            self.ddl = ddl.Communicator.from_mpi(comm, options=parse("-algo ring"),
+                                                 hierarchy=list(range(comm.size)))
+        if algo == "gloo":
+            self.gloo = _gloo_group(comm)
 
     def supports(self, dtype: np.dtype) -> bool:
-        return self.algo == "ddl" or dtype.itemsize > 2  # MPI has no float16 / bfloat16
+        return self.algo.startswith("ddl") or dtype.itemsize > 2  # MPI has no float16 / bfloat16
 
     def __call__(self, x: np.ndarray, out: np.ndarray, op: str, inplace: bool) -> None:
         import ddl
 
-        if self.algo == "ddl":
-            ddl.allreduce(out if inplace else x, op, out=out)
+        if self.algo.startswith("ddl"):
+            (self.ddl or ddl).allreduce(out if inplace else x, op, out=out)
+            return
+        if self.algo == "gloo":
+            self.gloo(x, out, op, inplace)
             return
         self.comm.Allreduce(self.MPI.IN_PLACE if inplace else x, out, op=self.mpi_op[op])
         if op == "avg":
             out /= self.comm.size
 
 
+def _gloo_group(comm):
+    """torch.distributed's gloo group over the ranks of ``comm`` (rendezvous at rank 0's address on the
+    interface DDL_BENCH_IFACE, default eth0 when there is one, else loopback); returns an allreduce."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    iface = os.environ.get("DDL_BENCH_IFACE", "eth0" if os.path.exists("/sys/class/net/eth0") else "lo")
+    addr = None
+    if comm.rank == 0:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        probe.setsockopt(socket.SOL_SOCKET, 25, iface.encode())  # SO_BINDTODEVICE: this interface's address
+        probe.connect(("10.255.255.255", 1))
+        host = probe.getsockname()[0]
+        with socket.socket() as s:
+            s.bind((host, 0))
+            addr = (host, s.getsockname()[1])
+    host, port = comm.bcast(addr)
+    os.environ["GLOO_SOCKET_IFNAME"] = iface
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size)
+    ops = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
+           "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+    def allreduce(x, out, op, inplace):
+        if not inplace:
+            out[...] = x  # gloo reduces in place: out of place costs it a copy, as it would a user
+        dist.all_reduce(torch.from_numpy(out), op=ops[op])
+        if op == "avg":
+            out /= comm.size
+    return allreduce
+
+
 def measure(runner: Runner, comm, count: int, dtype: np.dtype, op: str, iters: int, warmup: int,
-            check: bool, min_seconds: float = 0.0) -> dict:
+            check: bool, min_seconds: float = 0.0, places: tuple[bool, ...] = (False, True)) -> dict:
     """Times (max over ranks of the mean per call) and checks one algorithm at one size. Small sizes run more
     than ``iters`` iterations when needed to fill ``min_seconds``: on a shared CPU a few microsecond-long calls
     say more about the scheduler than about the allreduce."""
@@ -95,13 +147,15 @@ def measure(runner: Runner, comm, count: int, dtype: np.dtype, op: str, iters: i
     out = np.empty_like(x)
     ref = expected(comm.size, count, dtype, op) if check else None
     record = {}
-    for inplace in (False, True):
+    for inplace in places:
         key = "in" if inplace else "out"
-        if check:
+        start = time.perf_counter()
+        if check:  # the checked call warms up too: with warmup=0 it alone estimates the time per call
             out[...] = x
             runner(x, out, op, inplace)
             record[f"{key}_wrong"] = count_wrong(out, ref, op, dtype)
-        start = time.perf_counter()
+        if warmup:
+            start = time.perf_counter()
         for _ in range(warmup):
             runner(x, out, op, inplace)
         per_call = (time.perf_counter() - start) / max(warmup, 1)
@@ -116,7 +170,7 @@ def measure(runner: Runner, comm, count: int, dtype: np.dtype, op: str, iters: i
     if check:
         from mpi4py import MPI
 
-        for key in ("out_wrong", "in_wrong"):
+        for key in [k for k in ("out_wrong", "in_wrong") if k in record]:
             record[key] = comm.allreduce(record[key], op=MPI.SUM)
     return record
 
@@ -147,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-d", "--datatype", default="float", choices=sorted(DTYPES))
     ap.add_argument("-o", "--op", default="sum", choices=["sum", "avg", "prod", "min", "max"])
     ap.add_argument("-J", "--output_file", help="write the results as JSON")
-    ap.add_argument("--algo", default="ddl,mpi", help="comma list of ddl, mpi (MPI_Allreduce baseline)")
+    ap.add_argument("--algo", default="ddl,mpi", help="comma list of " + ", ".join(Runner.ALGOS))
     ap.add_argument("--np", type=int, default=0, help="launch this many ranks with mpiexec (this host)")
     args = ap.parse_args(argv)
 
@@ -178,10 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# dtype {dtype.name}, op {args.op}, at least {args.iters} iterations and {args.min_seconds} s "
               f"after {args.warmup_iters} warm-up; time = max over ranks of the mean per call")
         print("#")
-        print(f"# {'':>52}{'out-of-place':>30}{'in-place':>32}")
-        print(f"# {'size':>10} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'algo':>5}"
+        print(f"# {'':>55}{'out-of-place':>30}{'in-place':>32}")
+        print(f"# {'size':>10} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'algo':>8}"
               f" {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}")
-        print(f"# {'(B)':>10} {'(elements)':>12} {'':>9} {'':>6} {'':>5} {'':>5}"
+        print(f"# {'(B)':>10} {'(elements)':>12} {'':>9} {'':>6} {'':>5} {'':>8}"
               f" {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}  {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7}")
     for nbytes in sizes(args.minbytes, args.maxbytes, args.stepfactor):
         count = max(nbytes // dtype.itemsize, 0)
@@ -197,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(rec)
             if comm.rank == 0:
                 w = lambda k: str(rec.get(k, "N/A"))
-                print(f"  {rec['size']:>10} {count:>12} {dtype.name:>9} {args.op:>6} {-1:>5} {runner.algo:>5}"
+                print(f"  {rec['size']:>10} {count:>12} {dtype.name:>9} {args.op:>6} {-1:>5} {runner.algo:>8}"
                       f" {rec['out_us']:>9.1f} {rec['out_algbw']:>7.3f} {rec['out_busbw']:>7.3f} {w('out_wrong'):>6}"
                       f"  {rec['in_us']:>9.1f} {rec['in_algbw']:>7.3f} {rec['in_busbw']:>7.3f} {w('in_wrong'):>6}",
                       flush=True)

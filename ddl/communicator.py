@@ -203,6 +203,7 @@ class Communicator:
         return plan
 
     def _agreement_plan(self, count: int) -> CompiledPlan:
+        # Rank order, never the tree: ranks whose settings differ must still pair up to find out that they do.
         return self._plan(("agree", count), lambda: compile_blocks(
             lambda n: recursive_doubling_allreduce(self.rank, self.size, n, keep_empty=True),
             count, max(count, 1), 1, "recursive_doubling"))
@@ -275,7 +276,18 @@ class Communicator:
         self._executor.run(plan.native, raw(flat), dtype, op, self.options.timeout, label)
 
     def _fused(self, nbytes: int) -> bool:
-        return nbytes <= self._small and self.options.algo in ("auto", "recursive_doubling")
+        """Small payloads ride in the agreement round where recursive doubling is what the plan would do
+        anyway (on a slow uplink a 64 KiB payload is better scattered through the hierarchy)."""
+        if nbytes > self._small or self.options.algo not in ("auto", "recursive_doubling"):
+            return False
+        plan = self.plan_for(nbytes)
+        if len(self.levels) == 1 or plan.shape == "latency":
+            return True
+        # The planned path pays a separate agreement round (no payload) before its own rounds.
+        shape = planner.Shape.of(self.tree)
+        fused = planner.pipelined(planner.latency_phases(shape, self.levels, nbytes), 1)
+        agreement = planner.pipelined(planner.latency_phases(shape, self.levels, 0), 1)
+        return fused <= planner.predict(plan, nbytes)[0] + agreement
 
     # -- collectives ------------------------------------------------------------------------------------
 

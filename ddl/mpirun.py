@@ -58,3 +58,45 @@ def run(nranks: int, argv: list[str], timeout: int | None = None) -> int:
     cmd, extra = command(nranks, argv, timeout)
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     return subprocess.run(cmd, env={**os.environ, **extra}).returncode
+
+
+def _runs(hosts: list[str]) -> list[tuple[str, int]]:
+    """Consecutive ranks on one host, merged: [a, a, b, a] -> [(a, 2), (b, 1), (a, 1)]."""
+    out: list[tuple[str, int]] = []
+    for h in hosts:
+        if out and out[-1][0] == h:
+            out[-1] = (h, out[-1][1] + 1)
+        else:
+            out.append((h, 1))
+    return out
+
+
+def cluster_command(mpiexec: str, rank_hosts: list[str], agent: str, argv: list[str], forward: list[str] = (),
+                    timeout: int | None = None, iface: str = "eth0") -> tuple[list[str], dict[str, str]]:
+    """(command, environment) running argv with rank r on host rank_hosts[r], reaching hosts through
+    ``agent`` (ssh's place) and keeping MPI's traffic between hosts on ``iface``. Ranks are left unbound and
+    yield when idle: an emulated cluster runs more ranks than the machine has cores."""
+    n = len(rank_hosts)
+    env: dict[str, str] = {}
+    if flavor(mpiexec) == "openmpi":
+        # One --host entry per run of consecutive ranks, in rank order; the sequential mapper follows it.
+        hosts = ",".join(h for h, k in _runs(rank_hosts) for _ in range(k))
+        cmd = [mpiexec, "-n", str(n), "--host", hosts, "--map-by", "seq", "--bind-to", "none",
+               "--prtemca", "plm_ssh_agent", agent, "--prtemca", "oob_tcp_if_include", iface,
+               "--mca", "btl", "self,sm,tcp", "--mca", "btl_tcp_if_include", iface,
+               "--mca", "mpi_yield_when_idle", "1"]
+        for name in forward:
+            cmd += ["-x", name]
+        env.update(OPEN_MPI_ROOT_ENV)
+        if timeout:
+            cmd += ["--timeout", str(timeout)]
+    else:
+        # Hydra fills the -hosts entries in order; its default network module (UCX) would bypass the links
+        # through shared memory between "hosts" of one machine, so TCP through libfabric, on iface.
+        hosts = ",".join(f"{h}:{k}" for h, k in _runs(rank_hosts))
+        cmd = [mpiexec, "-launcher", "ssh", "-launcher-exec", agent, "-iface", iface, "-hosts", hosts,
+               "-n", str(n), "-genv", "MPICH_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp",
+               "-genv", "FI_TCP_IFACE", iface]
+        if timeout:
+            env["MPIEXEC_TIMEOUT"] = str(timeout)
+    return cmd + list(argv), env

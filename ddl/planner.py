@@ -36,8 +36,8 @@ from .topology import LevelCost, default_level
 
 LEVEL_ALGORITHMS = ("ring", "rabenseifner", "direct")
 TOP_ALGORITHMS = ("ring", "rabenseifner", "recursive_doubling", "direct", "exchange")
-MIN_BLOCK_BYTES = 1 << 20   # smaller pipeline blocks measured slower on shared memory (see README)
-MAX_BLOCKS = 64
+MIN_BLOCK_BYTES = 64 << 10  # smaller blocks measured slower on TCP links (per-message costs the model lacks)
+MAX_BLOCKS = 256
 
 
 def _pof2(g: int) -> bool:
@@ -329,6 +329,8 @@ def choose(tree, levels, nbytes: int, forced: tuple[str, ...] = (), block_bytes:
     picks = []
     for lvl in range(shape.depth):
         options = TOP_ALGORITHMS if lvl == top else LEVEL_ALGORITHMS
+        if levels[lvl].via == "uplink":  # all-to-all over NICs measured 2-4x slower than modeled (incast)
+            options = tuple(a for a in options if a != "direct")
         options = options if forced[lvl] == "auto" else (forced[lvl],)
         picks.append(min(options, key=lambda a: _level_cost(shape, levels, lvl, a, nbytes)))
     algos = tuple(picks)

@@ -5,6 +5,7 @@ as JSON, draw it, and explain the plan an allreduce of a given size would follow
     ddl-topo summit --plan 100M          levels, groups, algorithms, bytes per link, predicted vs lower bound
     ddl-topo dgx-h100 --plan 1G --dump-plan plan.json   then DDL_PLAN=plan.json forces it
     ddl-topo --list                      the machine library
+    ddl-topo T2 --plan 16M               an emulated cluster's spec (ddl.emulate) works too
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import os
 import socket
 import sys
 
-from . import discover, planner, topology
+from . import discover, emulate, planner, topology
 from .bench import parse_size
 from .errors import DDLError
 from .explain import explain
@@ -23,7 +24,8 @@ from .explain import explain
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddl-topo", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("source", nargs="?", help="topology file or library machine (default: this host)")
+    p.add_argument("source", nargs="?", help="topology file, library machine or emulated-cluster spec "
+                   "(default: this host)")
     p.add_argument("--list", action="store_true", help="list the machine library")
     p.add_argument("--ranks", type=int, help="plan for this many ranks (default: every GPU or slot)")
     p.add_argument("--plan", metavar="SIZE", action="append", default=[],
@@ -38,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def load(source: str | None) -> topology.Topology:
+    if source and emulate.is_spec(source):
+        return emulate.topology(source)
     if source:
         return topology.load(source)
     host = socket.gethostname()  # this host alone, as one rank per core would see it

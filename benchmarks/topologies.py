@@ -1,0 +1,276 @@
+"""Allreduce bandwidth per emulated topology: ddl against the peers a user would pick instead.
+
+    python benchmarks/topologies.py                       # T1-T4, 1 KiB to 64 MiB, 3 rounds (as root)
+    python benchmarks/topologies.py --topologies T2 --sizes 1K,64K,1M,16M --rounds 1   # the README's main job
+
+For each topology it builds the emulated cluster (ddl.cluster) and runs the same float32 sizes for: ddl (its
+own plan over the emulated switches), ddl forced to one flat ring, MPI_Allreduce of the Open MPI wheel as it
+comes (on several nodes its default is the hierarchical coll/han), the same with han disabled (coll/tuned),
+MPI_Allreduce of the MPICH wheel (TCP through libfabric), and PyTorch gloo where torch is installed. Each round
+runs every MPI setting in turn (the order rotates), each job runs every size with its algorithms interleaved,
+every result is verified; a size's time is the median over rounds. Writes benchmarks/results/<T>.md
+(nccl-tests columns, the topology's lower bound and efficiency = bound / time), <T>.png (busbw against size)
+and <T>.json, and checks issue 4's targets.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+JOB = HERE / "allreduce_job.py"
+LABELS = {
+    "ddl": "ddl (its plan)",
+    "ddl-ring": "ddl, flat ring",
+    "ompi-han": "Open MPI default (coll/han)",
+    "ompi-tuned": "Open MPI coll/tuned (han off)",
+    "mpich": "MPICH (ch4:ofi tcp)",
+    "gloo": "PyTorch gloo",
+}
+PEERS = ("ompi-han", "ompi-tuned", "mpich", "gloo")
+ALL_SIZES = "1K,2K,4K,8K,16K,32K,64K,128K,256K,512K,1M,2M,4M,8M,16M,32M,64M"
+
+
+def jobs(openmpi: Path, mpich: Path | None, gloo: bool) -> list[dict]:
+    """The MPI settings, each one job per round: (label, python, algorithms, renames, environment)."""
+    out = [{"name": "openmpi", "python": openmpi, "algos": "ddl,ddl-ring,mpi" + (",gloo" if gloo else ""),
+            "rename": {"mpi": "ompi-han"}, "env": {}},
+           {"name": "openmpi-tuned", "python": openmpi, "algos": "mpi", "rename": {"mpi": "ompi-tuned"},
+            "env": {"OMPI_MCA_coll": "^han"}}]
+    if mpich is not None:
+        out.append({"name": "mpich", "python": mpich, "algos": "mpi", "rename": {"mpi": "mpich"}, "env": {}})
+    return out
+
+
+def has_torch(python: Path) -> bool:
+    return subprocess.run([str(python), "-c", "import torch.distributed"], capture_output=True).returncode == 0
+
+
+def bounds(t, sizes: list[int]) -> dict[int, tuple[float, str]]:
+    """The topology's lower bound per size (ddl.planner.lower_bound over the topology's levels)."""
+    from ddl import planner
+
+    tree, levels = t.hierarchy(t.place(None, t.capacity()))
+    shape = planner.Shape.of(tree)
+    return {n: planner.lower_bound(shape, levels, n) for n in sizes}
+
+
+class Progress:
+    def __init__(self, total: int):
+        self.total, self.done, self.start = total, 0, time.time()
+
+    def step(self, what: str) -> None:
+        width = 30
+        filled = int(width * self.done / max(self.total, 1))
+        spent = time.time() - self.start
+        eta = spent / self.done * (self.total - self.done) if self.done else 0
+        print(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} jobs  {spent:5.0f} s  "
+              f"eta {eta:4.0f} s  {what:<32}", end="", file=sys.stderr, flush=True)
+        self.done += 1
+
+
+def run_topology(name: str, sizes: list[int], rounds: int, settings: list[dict], progress: Progress,
+                 iters: int, min_seconds: float) -> dict:
+    from ddl import emulate
+    from ddl.cluster import Cluster
+
+    samples: dict[str, dict[int, list[float]]] = {}
+    versions = {}
+    with Cluster(emulate.topology(name)) as cluster:
+        for r in range(rounds):
+            order = settings[r % len(settings):] + settings[:r % len(settings)]  # rotate: no setting always first
+            for job in order:
+                progress.step(f"{name} round {r + 1}/{rounds} {job['name']}")
+                out = cluster.workdir / f"{job['name']}-{r}.json"
+                argv = [str(job["python"]), str(JOB), "--algos", job["algos"], "--out", str(out),
+                        "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters),
+                        "--min-seconds", str(min_seconds)]
+                exe = str(Path(job["python"]).parent / "mpiexec")
+                done = cluster.mpirun(argv, mpiexec=exe, env=job["env"], timeout=900, quiet=True, capture=True)
+                if done.returncode:
+                    raise RuntimeError(f"{name}: job {job['name']} failed ({done.returncode}):\n"
+                                       f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+                res = json.loads(out.read_text())
+                versions[job["name"]] = res["mpi"].split(",")[0]
+                for algo, by_size in res["times"].items():
+                    algo = job["rename"].get(algo, algo)
+                    for size, us in by_size.items():
+                        samples.setdefault(algo, {}).setdefault(int(size), []).append(us)
+    times = {a: {s: statistics.median(v) for s, v in by_size.items()} for a, by_size in samples.items()}
+    return {"topology": name, "times": times, "samples": samples, "versions": versions}
+
+
+def busbw(nbytes: int, us: float, n: int) -> float:
+    return nbytes / (us * 1e-6) / 1e9 * (2 * (n - 1) / n)
+
+
+def targets(name: str, times: dict, bound: dict) -> list[tuple[str, bool, str]]:
+    """Issue 4's targets on this topology: (target, met, measured)."""
+    ddl = times["ddl"]
+    peers = {a: t for a, t in times.items() if a in PEERS}
+    best = {s: min((t[s], a) for a, t in peers.items() if s in t) for s in ddl}
+    out = []
+    big = [s for s in ddl if s >= 16 << 20]
+    if big:
+        eff = {s: bound[s][0] / (ddl[s] * 1e-6) for s in big}
+        worst = min(eff, key=eff.get)
+        out.append((">= 85% of the lower bound, >= 16 MiB", eff[worst] >= 0.85,
+                    ", ".join(f"{_size(s)} {eff[s]:.0%}" for s in big)))
+        if name in ("T2", "T4"):
+            sp = {s: best[s][0] / ddl[s] for s in big}
+            out.append((">= 1.3x faster than the best peer, >= 16 MiB", min(sp.values()) >= 1.3,
+                        ", ".join(f"{_size(s)} {sp[s]:.2f}x vs {best[s][1]}" for s in big)))
+    mid = [s for s in ddl if s >= 64 << 10]
+    if mid:
+        ratio = {s: best[s][0] / ddl[s] for s in mid}
+        worst = min(ratio, key=ratio.get)
+        out.append(("never slower than 0.95x the best peer, >= 64 KiB", ratio[worst] >= 0.95,
+                    f"worst {ratio[worst]:.2f}x at {_size(worst)} vs {best[worst][1]}"))
+    small = [s for s in ddl if s <= 4 << 10]
+    if small:
+        ratio = {s: ddl[s] / best[s][0] for s in small}
+        worst = max(ratio, key=ratio.get)
+        out.append(("within 1.2x of the best peer's time, <= 4 KiB", ratio[worst] <= 1.2,
+                    ", ".join(f"{_size(s)} {ratio[s]:.2f}x vs {best[s][1]}" for s in small)))
+    return out
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def table(result: dict, bound: dict, nranks: int) -> str:
+    times = result["times"]
+    algos = [a for a in LABELS if a in times]
+    lines = [f"| {'size (B)':>10} | {'count':>10} | type | redop | {'algorithm':<30} | {'time (us)':>12} | "
+             f"{'algbw (GB/s)':>12} | {'busbw (GB/s)':>12} | {'bound (us)':>12} | efficiency |",
+             "|" + "---:|" * 2 + ":---|:---|:---|" + "---:|" * 5]
+    for s in sorted(bound):
+        for a in algos:
+            us = times[a].get(s)
+            if us is None:
+                continue
+            alg = s / (us * 1e-6) / 1e9
+            lines.append(f"| {s:>10} | {s // 4:>10} | float | sum | {LABELS[a]:<30} | {us:>12.1f} | {alg:>12.4f} | "
+                         f"{busbw(s, us, nranks):>12.4f} | {bound[s][0] * 1e6:>12.1f} | "
+                         f"{bound[s][0] / (us * 1e-6):>9.1%} |")
+    return "\n".join(lines)
+
+
+def plot(result: dict, bound: dict, nranks: int, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    sizes = sorted(bound)
+    for a in [a for a in LABELS if a in result["times"]]:
+        pts = [(s, busbw(s, result["times"][a][s], nranks)) for s in sizes if s in result["times"][a]]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=LABELS[a],
+                lw=2.5 if a == "ddl" else 1.2)
+    ax.plot(sizes, [busbw(s, bound[s][0] * 1e6, nranks) for s in sizes], "k--", lw=1, label="lower bound")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes, float32)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(result: dict, bound: dict, nranks: int, outdir: Path, command: str) -> list:
+    from ddl import emulate
+
+    name = result["topology"]
+    met = targets(name, result["times"], bound)
+    spec = emulate.PRESETS.get(name, name)
+    desc = emulate.PRESET_TEXT.get(name, spec)
+    lines = [f"# {name}: {desc}", "",
+             f"Spec `{spec}`, {nranks} ranks. Produced by `{command}` on {datetime.date.today()} "
+             f"({platform.node()}, {os.cpu_count()} cores; {'; '.join(f'{k}: {v}' for k, v in result['versions'].items())}).",
+             "Out of place, float32 sum; time = median over rounds of the max over ranks of the mean per call; "
+             "busbw = algbw x 2(n-1)/n (nccl-tests); bound = the topology's lower bound "
+             "(ddl.planner.lower_bound: per level 2(E-1)/E x n / B_out, or the latency of one round across the top); "
+             "efficiency = bound / time. Every result was verified.", "",
+             "## Targets (issue 4)", "", "| target | met | measured |", "|:---|:---|:---|"]
+    lines += [f"| {t} | {'yes' if ok else '**no**'} | {m} |" for t, ok, m in met]
+    lines += ["", "## Results", "", table(result, bound, nranks), "", f"![busbw against size]({name}.png)", ""]
+    (outdir / f"{name}.md").write_text("\n".join(lines))
+    plot(result, bound, nranks, f"{name}: {desc}", outdir / f"{name}.png")
+    (outdir / f"{name}.json").write_text(json.dumps({**result, "bound": {s: b for s, b in bound.items()}},
+                                                    indent=1))
+    return met
+
+
+def print_summary(result: dict, bound: dict, nranks: int, met: list) -> None:
+    times = result["times"]
+    algos = [a for a in LABELS if a in times]
+    print(f"\n{result['topology']}: busbw (GB/s) per algorithm; bound and ddl's efficiency at the right")
+    print(f"{'size':>10} " + " ".join(f"{a:>10}" for a in algos) + f" {'bound':>10} {'ddl eff':>8}")
+    for s in sorted(bound):
+        row = " ".join(f"{busbw(s, times[a][s], nranks):>10.4f}" if s in times[a] else f"{'-':>10}" for a in algos)
+        print(f"{_size(s):>10} {row} {busbw(s, bound[s][0] * 1e6, nranks):>10.4f} "
+              f"{bound[s][0] / (times['ddl'][s] * 1e-6):>8.1%}")
+    for t, ok, m in met:
+        print(f"  [{'met' if ok else 'MISSED'}] {t}: {m}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--topologies", default="T1,T2,T3,T4", help="presets or specs (ddl.emulate), comma list")
+    ap.add_argument("--sizes", default=ALL_SIZES)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=2, help="timed calls at least (after one checked call)")
+    ap.add_argument("--min-seconds", type=float, default=0.2, help="and at least this long per measurement")
+    ap.add_argument("--mpich", default=str(ROOT / ".venv-mpich"), help="virtual env with the MPICH wheel + ddl")
+    ap.add_argument("--out", default=str(HERE / "results"))
+    args = ap.parse_args(argv)
+
+    from ddl import cluster, emulate
+    from ddl.bench import parse_size
+
+    why = cluster.available()
+    if why:
+        print(f"benchmarks/topologies.py: {why}", file=sys.stderr)
+        return 2
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    mpich = Path(args.mpich) / "bin" / "python"
+    settings = jobs(Path(sys.executable), mpich if mpich.exists() else None, has_torch(Path(sys.executable)))
+    if not mpich.exists():
+        print(f"note: no MPICH environment at {args.mpich} (make MPI=mpich setup): MPICH left out", file=sys.stderr)
+    names = args.topologies.split(",")
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/topologies.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    progress = Progress(len(names) * args.rounds * len(settings))
+    missed = 0
+    for name in names:
+        t = emulate.topology(name)
+        bound = bounds(t, sizes)
+        result = run_topology(name, sizes, args.rounds, settings, progress, args.iters, args.min_seconds)
+        met = report(result, bound, t.capacity(), outdir, command.strip())
+        print("", file=sys.stderr)
+        print_summary(result, bound, t.capacity(), met)
+        print(f"  written: {outdir / (name + '.md')}, {outdir / (name + '.png')}")
+        missed += sum(not ok for _, ok, _ in met)
+    print(f"\n{missed} target(s) missed" if missed else "\nall targets met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
