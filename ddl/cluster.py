@@ -276,15 +276,19 @@ class Cluster:
     def mpirun(self, argv: list[str], mpiexec: str | None = None, env: dict[str, str] | None = None,
                timeout: float = 600, quiet: bool = False, capture: bool = False) -> subprocess.CompletedProcess:
         """Runs argv as an MPI job on the cluster (mpiexec started on the first host), ranks placed as the
-        topology says, with DDL_TOPOLOGY pointing at it so ddl plans over the emulated switches. The job is
-        killed after ``timeout`` seconds (its MPI launcher's own timeout first); returns the finished process."""
+        topology says, with DDL_TOPOLOGY pointing at it so ddl plans over the emulated switches. After
+        ``timeout`` seconds the MPI launcher's own timeout ends the job (a non-zero status); should the launcher
+        hang, it is killed 30 s later and TimeoutExpired raised. Returns the finished process."""
         if not self._up:
             raise ClusterError(f"cluster {self.name!r} is not up")
         exe = mpiexec or mpirun.mpiexec_path()
         extra = {"DDL_TOPOLOGY": str(self.workdir / "topology.json"), **(env or {})}
-        cmd, menv = mpirun.cluster_command(exe, self.rank_hosts, str(self.workdir / "agent.sh"), argv,
-                                           forward=sorted(extra), timeout=int(timeout),
-                                           iface="eth0" if self.links else "lo")  # one node: no NIC
+        try:
+            cmd, menv = mpirun.cluster_command(exe, self.rank_hosts, str(self.workdir / "agent.sh"), argv,
+                                               forward=sorted(extra), timeout=int(timeout),
+                                               iface="eth0" if self.links else "lo")  # one node: no NIC
+        except ValueError as e:
+            raise ClusterError(f"cluster {self.name!r}: {e}") from None
         full = self.exec_argv(self.rank_hosts[0], cmd)
         if not quiet:
             print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
@@ -292,9 +296,11 @@ class Cluster:
                                 **({"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True} if capture else {}))
         try:
             out, err = proc.communicate(timeout=timeout + 30)
-        except BaseException:  # timeout, Ctrl-C: stop the whole job, on every node
+        except BaseException:  # the launcher outlived its own timeout, or Ctrl-C: stop the job on every node
             self._kill_jobs(proc)
             raise
+        if proc.returncode:  # a failed or timed-out job leaves nothing running on the nodes
+            self._kill_jobs(proc)
         return subprocess.CompletedProcess(full, proc.returncode, out, err)
 
     def _kill_jobs(self, proc: subprocess.Popen) -> None:

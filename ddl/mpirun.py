@@ -71,6 +71,20 @@ def _runs(hosts: list[str]) -> list[tuple[str, int]]:
     return out
 
 
+def _hydra_hosts(rank_hosts: list[str]) -> str:
+    """Hydra's -hosts for this placement. Hydra makes every entry a node of its own (a host named twice would
+    be two nodes that share no memory), so a host may appear once: packed ranks as host:count, round-robin
+    ones as hosts without counts, which hydra deals out one rank at a time."""
+    runs = _runs(rank_hosts)
+    if len({h for h, _ in runs}) == len(runs):
+        return ",".join(f"{h}:{k}" for h, k in runs)
+    order = list(dict.fromkeys(rank_hosts))
+    if rank_hosts != [order[i % len(order)] for i in range(len(rank_hosts))]:
+        raise ValueError(f"MPICH's hydra cannot place ranks on {rank_hosts}: it packs ranks by host or deals "
+                         f"them out round-robin over equal hosts; use Open MPI for this placement")
+    return ",".join(order)
+
+
 def cluster_command(mpiexec: str, rank_hosts: list[str], agent: str, argv: list[str], forward: list[str] = (),
                     timeout: int | None = None, iface: str = "eth0") -> tuple[list[str], dict[str, str]]:
     """(command, environment) running argv with rank r on host rank_hosts[r], reaching hosts through
@@ -91,9 +105,9 @@ def cluster_command(mpiexec: str, rank_hosts: list[str], agent: str, argv: list[
         if timeout:
             cmd += ["--timeout", str(timeout)]
     else:
-        # Hydra fills the -hosts entries in order; its default network module (UCX) would bypass the links
-        # through shared memory between "hosts" of one machine, so TCP through libfabric, on iface.
-        hosts = ",".join(f"{h}:{k}" for h, k in _runs(rank_hosts))
+        # Hydra's default network module (UCX) would bypass the links through shared memory between "hosts"
+        # of one machine, so TCP through libfabric, on iface.
+        hosts = _hydra_hosts(rank_hosts)
         cmd = [mpiexec, "-launcher", "ssh", "-launcher-exec", agent, "-iface", iface, "-hosts", hosts,
                "-n", str(n), "-genv", "MPICH_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp",
                "-genv", "FI_TCP_IFACE", iface]

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,8 +60,9 @@ def test_an_error_inside_tears_the_cluster_down():
 
 def test_a_job_past_its_deadline_is_killed_on_every_node():
     with cluster.Cluster("2x1") as c:
-        with pytest.raises(subprocess.TimeoutExpired):
-            c.mpirun([sys.executable, "-c", "import time; time.sleep(600)"], timeout=3, quiet=True, capture=True)
+        started = time.monotonic()
+        done = c.mpirun([sys.executable, "-c", "import time; time.sleep(600)"], timeout=3, quiet=True, capture=True)
+        assert done.returncode != 0 and time.monotonic() - started < 60
         for h in c.hosts:
             pids = subprocess.run(["ip", "netns", "pids", c.ns(h)], capture_output=True, text=True).stdout.split()
             assert pids == [], f"{h} still runs {pids}"

@@ -70,12 +70,19 @@ def test_open_mpi_command_follows_the_placement(monkeypatch):
 
 def test_mpich_command_keeps_traffic_on_the_links(monkeypatch):
     monkeypatch.setattr(mpirun, "flavor", lambda exe: "mpich")
-    cmd, env = mpirun.cluster_command("/v/bin/mpiexec", ["n0", "n0", "n1", "n0"], "/w/agent.sh", ["prog"],
-                                      timeout=60)
+    cmd, env = mpirun.cluster_command("/v/bin/mpiexec", ["n0", "n0", "n1"], "/w/agent.sh", ["prog"], timeout=60)
     assert cmd == ["/v/bin/mpiexec", "-launcher", "ssh", "-launcher-exec", "/w/agent.sh", "-iface", "eth0",
-                   "-hosts", "n0:2,n1:1,n0:1", "-n", "4", "-genv", "MPICH_CH4_NETMOD", "ofi",
+                   "-hosts", "n0:2,n1:1", "-n", "3", "-genv", "MPICH_CH4_NETMOD", "ofi",
                    "-genv", "FI_PROVIDER", "tcp", "-genv", "FI_TCP_IFACE", "eth0", "prog"]
     assert env == {"MPIEXEC_TIMEOUT": "60"}
+
+
+def test_mpich_gets_each_host_once():
+    """Hydra makes a host named twice two nodes sharing no memory: round-robin goes as hosts without counts."""
+    assert mpirun._hydra_hosts(["n0", "n1", "n0", "n1"]) == "n0,n1"
+    assert mpirun._hydra_hosts(["n0", "n0", "n0", "n1"]) == "n0:3,n1:1"
+    with pytest.raises(ValueError, match="use Open MPI"):
+        mpirun._hydra_hosts(["n0", "n1", "n2", "n0", "n1", "n0"])  # round-robin over uneven nodes
 
 
 def test_the_wiring_plan_shapes_every_link_at_its_rate_without_touching_the_system():
