@@ -110,7 +110,9 @@ def run_topology(name: str, sizes: list[int], rounds: int, settings: list[dict],
 
 
 def busbw(nbytes: int, us: float, n: int) -> float:
-    return nbytes / (us * 1e-6) / 1e9 * (2 * (n - 1) / n)
+    from ddl.bench import bandwidth
+
+    return bandwidth(nbytes, us, n)[1]
 
 
 def targets(name: str, times: dict, bound: dict) -> list[tuple[str, bool, str]]:
@@ -152,6 +154,8 @@ def _size(n: int) -> str:
 
 
 def table(result: dict, bound: dict, nranks: int) -> str:
+    from ddl.bench import bandwidth
+
     times = result["times"]
     algos = [a for a in LABELS if a in times]
     lines = [f"| {'size (B)':>10} | {'count':>10} | type | redop | {'algorithm':<30} | {'time (us)':>12} | "
@@ -162,9 +166,9 @@ def table(result: dict, bound: dict, nranks: int) -> str:
             us = times[a].get(s)
             if us is None:
                 continue
-            alg = s / (us * 1e-6) / 1e9
+            alg, bus = bandwidth(s, us, nranks)
             lines.append(f"| {s:>10} | {s // 4:>10} | float | sum | {LABELS[a]:<30} | {us:>12.1f} | {alg:>12.4f} | "
-                         f"{busbw(s, us, nranks):>12.4f} | {bound[s][0] * 1e6:>12.1f} | "
+                         f"{bus:>12.4f} | {bound[s][0] * 1e6:>12.1f} | "
                          f"{bound[s][0] / (us * 1e-6):>9.1%} |")
     return "\n".join(lines)
 

@@ -113,13 +113,16 @@ def _namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def _kill_and_delete(ns: str) -> None:
-    pids = _sh("ip", "netns", "pids", ns, check=False).stdout.split()
-    for pid in pids:
+def _kill_inside(ns: str) -> None:
+    for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
         try:
             os.kill(int(pid), signal.SIGKILL)
         except (ProcessLookupError, ValueError):
             pass
+
+
+def _kill_and_delete(ns: str) -> None:
+    _kill_inside(ns)
     _sh("ip", "netns", "del", ns, check=False)
 
 
@@ -134,8 +137,8 @@ class Cluster:
         t = self.topology
         self.prefix = f"ddl-{self.name}-"
         self.switch_ns = self.prefix + "sw"
-        self.hosts = [t.graph.nodes[n].get("host", n) for n in t.nodes()]
-        self._host = {n: t.graph.nodes[n].get("host", n) for n in t.nodes()}
+        self._host = {n: t.graph.nodes[n].get("host", n) for n in t.nodes()}  # node vertex -> hostname
+        self.hosts = list(self._host.values())
         placement = t.placement if t.placement is not None else [t.host_of(d) or d for d in t.place(None, t.capacity())]
         self.rank_hosts = [self._host[t.host_of(p) or p] for p in placement]
         self.links = self._links()
@@ -309,11 +312,7 @@ class Cluster:
         except ProcessLookupError:
             pass
         for h in self.hosts:
-            for pid in _sh("ip", "netns", "pids", self.ns(h), check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
+            _kill_inside(self.ns(h))
         proc.wait()
 
     # -- persistence for ddl-cluster ------------------------------------------------------------------------------
