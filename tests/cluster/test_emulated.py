@@ -140,7 +140,8 @@ def test_ddl_cluster_command_line(tmp_path):
         assert "clitest" in run("status").stdout
         assert run("exec", "clitest", "node1", "--", "hostname").stdout.strip() == "node1"
         job = run("run", "clitest", "--", sys.executable, "-c",
-                  "from mpi4py import MPI; print(f'{MPI.COMM_WORLD.rank} {MPI.Get_processor_name()}')")  # one write
+                  "import sys; from mpi4py import MPI; "
+                  "sys.stdout.write(f'{MPI.COMM_WORLD.rank} {MPI.Get_processor_name()}\\n')")  # one write a line
         assert sorted(job.stdout.splitlines()) == ["0 node0", "1 node1"], job.stdout + job.stderr
         assert run("up", "2x1", "--name", "clitest").returncode == 2  # the name is taken
     finally:
@@ -151,7 +152,8 @@ def test_ddl_cluster_command_line(tmp_path):
 
 def test_ddlrun_emulate_runs_the_job_on_the_emulated_hosts():
     out = subprocess.run([sys.executable, "-m", "ddl.ddlrun", "--emulate", "3,1", sys.executable, "-c",
-                          "import ddl; c = ddl.init(); print(f'hosts {ddl.num_hosts()} levels {len(c.levels)}')"],
+                          "import sys, ddl; c = ddl.init(); "
+                          "sys.stdout.write(f'hosts {ddl.num_hosts()} levels {len(c.levels)}\\n')"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("hosts 2 levels 2") == 4
