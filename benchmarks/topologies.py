@@ -78,14 +78,13 @@ class Progress:
         self.done += 1
 
 
-def run_topology(name: str, sizes: list[int], rounds: int, settings: list[dict], progress: Progress,
+def run_topology(name: str, t, sizes: list[int], rounds: int, settings: list[dict], progress: Progress,
                  iters: int, min_seconds: float) -> dict:
-    from ddl import emulate
     from ddl.cluster import Cluster
 
     samples: dict[str, dict[int, list[float]]] = {}
     versions = {}
-    with Cluster(emulate.topology(name)) as cluster:
+    with Cluster(t) as cluster:
         for r in range(rounds):
             order = settings[r % len(settings):] + settings[:r % len(settings)]  # rotate: no setting always first
             for job in order:
@@ -266,7 +265,7 @@ def main(argv=None) -> int:
     for name in names:
         t = emulate.topology(name)
         bound = bounds(t, sizes)
-        result = run_topology(name, sizes, args.rounds, settings, progress, args.iters, args.min_seconds)
+        result = run_topology(name, t, sizes, args.rounds, settings, progress, args.iters, args.min_seconds)
         met = report(result, bound, t.capacity(), outdir, command.strip())
         print("", file=sys.stderr)
         print_summary(result, bound, t.capacity(), met)

@@ -139,9 +139,10 @@ class Cluster:
         self.switch_ns = self.prefix + "sw"
         self._host = {n: t.graph.nodes[n].get("host", n) for n in t.nodes()}  # node vertex -> hostname
         self.hosts = list(self._host.values())
-        placement = t.placement if t.placement is not None else [t.host_of(d) or d for d in t.place(None, t.capacity())]
-        self.rank_hosts = [self._host[t.host_of(p) or p] for p in placement]
-        self.links = self._links()
+        self.rank_hosts = [self._host[n] for n in emulate.rank_nodes(t)]
+        switches = [v for v in t.graph.nodes if t.kind(v) == "switch" and t.host_of(v) is None]
+        self._bridge = {s: f"b{i}" for i, s in enumerate(switches)}
+        self.links = self._links(switches)
         self.workdir: Path | None = None
         self._up = False
         self._old_handlers: dict = {}
@@ -153,21 +154,14 @@ class Cluster:
     def nranks(self) -> int:
         return len(self.rank_hosts)
 
-    def _links(self) -> list[Link]:
-        t, out = self.topology, []
-        switches = [v for v in t.graph.nodes if t.kind(v) == "switch" and t.host_of(v) is None]
-        self._bridge = {s: f"b{i}" for i, s in enumerate(switches)}
-        for i, n in enumerate(t.nodes()):
-            p = t.parent(n)
-            if p is not None:
-                bps = int(round(t.graph.edges[n, p]["bandwidth"] * 8e9))
-                out.append(Link(n, p, bps, (self.ns(self._host[n]), "eth0"), (self.switch_ns, f"n{i}")))
-        for i, s in enumerate(switches):
-            p = t.parent(s)
-            if p is not None:
-                bps = int(round(t.graph.edges[s, p]["bandwidth"] * 8e9))
-                out.append(Link(s, p, bps, (self.switch_ns, f"u{i}"), (self.switch_ns, f"d{i}")))
-        return out
+    def _links(self, switches: list[str]) -> list[Link]:
+        """A node's link runs from its eth0 to port n<i> of its switch's bridge; a switch's uplink from port u<i>
+        of its bridge to port d<i> of its parent's."""
+        t = self.topology
+        ends = [(n, (self.ns(self._host[n]), "eth0"), (self.switch_ns, f"n{i}")) for i, n in enumerate(t.nodes())]
+        ends += [(s, (self.switch_ns, f"u{i}"), (self.switch_ns, f"d{i}")) for i, s in enumerate(switches)]
+        return [Link(c, t.parent(c), int(round(t.graph.edges[c, t.parent(c)]["bandwidth"] * 8e9)), up, down)
+                for c, up, down in ends if t.parent(c) is not None]
 
     # -- up and down ------------------------------------------------------------------------------------------
 
@@ -200,10 +194,9 @@ class Cluster:
         for br in self._bridge.values():
             _sh("ip", "-n", self.switch_ns, "link", "add", br, "mtu", str(MTU), "type", "bridge")
             _sh("ip", "-n", self.switch_ns, "link", "set", br, "up")
-        for i, n in enumerate(t.nodes()):
-            ns = self.ns(self._host[n])
-            _sh("ip", "netns", "add", ns)
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        for h in self.hosts:
+            _sh("ip", "netns", "add", self.ns(h))
+            _sh("ip", "-n", self.ns(h), "link", "set", "lo", "up")
         for link in self.links:
             self._wire(link)
         for i, n in enumerate(t.nodes()):

@@ -138,6 +138,11 @@ def _from_file(spec: str) -> topo.Topology:
         if not HOSTNAME.fullmatch(host):
             raise TopologyError(f"topology {t.name!r}: node host name {host!r} cannot name an emulated node "
                                 f"(lower-case letters, digits and '-', at most 31)")
-    if t.placement is None:  # pack ranks by node, in the file's device order
-        t.placement = [t.host_of(d) or d for d in t.place(None, t.capacity())]
+    t.placement = rank_nodes(t)
     return t
+
+
+def rank_nodes(t: topo.Topology) -> list[str]:
+    """The node of every rank: the topology's placement (which may name devices), else packed by node in
+    the file's device order."""
+    return [t.host_of(d) or d for d in (t.placement or t.place(None, t.capacity()))]
