@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import emulate, mpirun
+from . import emulate, mpirun, supervise
 from . import topology as topo
 from .errors import DDLError
 
@@ -113,12 +113,19 @@ def _namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def _kill_inside(ns: str) -> None:
-    for pid in _sh("ip", "netns", "pids", ns, check=False).stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
+def _kill_inside(ns: str, wait: float = 5.0) -> None:
+    """Kills every process in namespace ns, and waits (a while) until none is left: a killed process lingers
+    until the kernel has torn it down, and a launcher may spawn another in between."""
+    deadline = time.monotonic() + wait
+    while pids := _sh("ip", "netns", "pids", ns, check=False).stdout.split():
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
 
 
 def _kill_and_delete(ns: str) -> None:
@@ -272,41 +279,30 @@ class Cluster:
     def mpirun(self, argv: list[str], mpiexec: str | None = None, env: dict[str, str] | None = None,
                timeout: float = 600, quiet: bool = False, capture: bool = False) -> subprocess.CompletedProcess:
         """Runs argv as an MPI job on the cluster (mpiexec started on the first host), ranks placed as the
-        topology says, with DDL_TOPOLOGY pointing at it so ddl plans over the emulated switches. After
-        ``timeout`` seconds the MPI launcher's own timeout ends the job (a non-zero status); should the launcher
-        hang, it is killed 30 s later and TimeoutExpired raised. Returns the finished process."""
+        topology says, with DDL_TOPOLOGY pointing at it so ddl plans over the emulated switches. A job past
+        ``timeout`` seconds is stopped (status supervise.TIMED_OUT), as is one interrupted (INTERRUPTED); a
+        failed or stopped job leaves nothing running on any node."""
         if not self._up:
             raise ClusterError(f"cluster {self.name!r} is not up")
         exe = mpiexec or mpirun.mpiexec_path()
         extra = {"DDL_TOPOLOGY": str(self.workdir / "topology.json"), **(env or {})}
         try:
             cmd, menv = mpirun.cluster_command(exe, self.rank_hosts, str(self.workdir / "agent.sh"), argv,
-                                               forward=sorted(extra), timeout=int(timeout),
+                                               forward=sorted(extra),
                                                iface="eth0" if self.links else "lo")  # one node: no NIC
         except ValueError as e:
             raise ClusterError(f"cluster {self.name!r}: {e}") from None
         full = self.exec_argv(self.rank_hosts[0], cmd)
         if not quiet:
             print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-        proc = subprocess.Popen(full, env={**os.environ, **menv, **extra}, start_new_session=True,
-                                **({"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True} if capture else {}))
-        try:
-            out, err = proc.communicate(timeout=timeout + 30)
-        except BaseException:  # the launcher outlived its own timeout, or Ctrl-C: stop the job on every node
-            self._kill_jobs(proc)
-            raise
-        if proc.returncode:  # a failed or timed-out job leaves nothing running on the nodes
-            self._kill_jobs(proc)
-        return subprocess.CompletedProcess(full, proc.returncode, out, err)
+        done = supervise.run(full, env={**os.environ, **menv, **extra}, timeout=timeout, capture=capture,
+                             cleanup=self.kill_jobs)
+        return subprocess.CompletedProcess(full, done.returncode, done.stdout, done.stderr)
 
-    def _kill_jobs(self, proc: subprocess.Popen) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    def kill_jobs(self) -> None:
+        """Kills every process running on the cluster's nodes."""
         for h in self.hosts:
             _kill_inside(self.ns(h))
-        proc.wait()
 
     # -- persistence for ddl-cluster ------------------------------------------------------------------------------
 
