@@ -2,7 +2,8 @@
 #   make bench   set up, then run the main job: as root, an emulated cluster (T2: 2 racks x 2 nodes x 2 ranks,
 #                1 Gbit/s NICs, 500 Mbit/s uplinks) with ddl beside its peers, table + plot in bench-results/;
 #                without root, ddl-bench: 4 ranks on this host, ddl beside MPI_Allreduce
-#   make test    set up, then run every test: unit tests, tests/mpi under mpiexec at 1, 2, 3, 4, 6, 8 ranks,
+#   make test    set up, then run every test: unit tests, ddlrun end to end (tests/launch), tests/mpi under
+#                mpiexec at 1, 2, 3, 4, 6, 8 ranks,
 #                then tests/cluster on emulated clusters (skipped without root and network namespaces)
 # MPI=mpich selects the MPICH wheel instead of Open MPI (each gets its own virtual environment).
 
@@ -11,7 +12,7 @@ VENV ?= .venv-$(MPI)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ddl-installed
 
-.PHONY: setup bench test unit mpi cluster clean
+.PHONY: setup bench test unit launch mpi cluster clean
 
 setup: $(STAMP)
 
@@ -32,13 +33,16 @@ bench: $(STAMP)
 unit: $(STAMP)
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider unit
 
+launch: $(STAMP)
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=300 launch
+
 mpi: $(STAMP)
 	cd tests && ../$(PY) mpi_suite.py
 
 cluster: $(STAMP)
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 cluster
 
-test: unit mpi cluster
+test: unit launch mpi cluster
 
 clean:
 	rm -rf build .venv-* *.egg-info bench-results.json bench-results

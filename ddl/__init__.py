@@ -19,8 +19,14 @@ from .errors import DDLError, MismatchError, TransportError
 __all__ = [
     "init", "finalize", "initialized", "communicator", "rank", "size", "local_rank", "local_size", "num_hosts",
     "allreduce", "allreduce_n", "broadcast", "bcast", "allgather", "barrier", "explain",
-    "DDLError", "MismatchError", "TransportError", "Communicator",
+    "DDLError", "MismatchError", "TransportError", "Communicator", "__version__",
 ]
+
+try:
+    from importlib.metadata import PackageNotFoundError, version as _version
+    __version__ = _version("ddl")
+except PackageNotFoundError:  # the source tree, not installed
+    __version__ = "0+unknown"
 
 _world: Communicator | None = None
 

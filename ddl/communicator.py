@@ -97,21 +97,22 @@ class Communicator:
 
     def _choose_tree(self, given, topology, reports) -> tuple[list, tuple]:
         """The tree large allreduces follow and the cost of its levels, from the first that applies: a plan
-        file (-plan, DDL_PLAN); a tree given to init; IBM's -mode dims; a topology (init argument, -topology,
-        DDL_TOPOLOGY) checked against the hosts MPI sees; what discovery found; else one flat level."""
+        file (-plan, DDL_PLAN); a tree given to init; a topology (init argument, -topology, DDL_TOPOLOGY)
+        checked against the hosts MPI sees; IBM's -mode dims (ddlrun's tiers; a topology describes the links
+        better, so it comes first); what discovery found; else one flat level."""
         network = setting("DDL_NETWORK")
         hosts = [r["host"] for r in reports] if reports else None
         if self.options.plan:
             self._forced = _load_plan(self.options.plan)
             tree = self._checked(self._forced.tree, f"plan file {self.options.plan!r}")
             return tree, self._forced.levels
-        if given is None and self.options.mode is not None and self.options.mode.dims:
-            tree = self._checked(hierarchical.from_dims(self.options.mode.dims), "-mode")
-            return tree, planner.default_levels(tree, ("gpu", "node", "rack", "aisle"), network)
         if given is not None:
             tree = self._checked(given, "the hierarchy")
             return tree, planner.default_levels(tree, link=network)
         source = topology if topology is not None else self.options.topology
+        if source is None and self.options.mode is not None and self.options.mode.dims:
+            tree = self._checked(hierarchical.from_dims(self.options.mode.dims), "-mode")
+            return tree, planner.default_levels(tree, ("gpu", "node", "rack", "aisle"), network)
         if source is not None:
             self.topology = topo.load(source)
         elif reports and (len(set(hosts)) > 1 or len({r["numa"] for r in reports} - {None}) > 1):

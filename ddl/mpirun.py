@@ -11,11 +11,11 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 
 OPEN_MPI_ROOT_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
 }
 
 
@@ -34,23 +34,83 @@ def flavor(mpiexec: str) -> str:
     return "openmpi" if "Open MPI" in text or "OpenRTE" in text or "prte" in text.lower() else "mpich"
 
 
+@dataclass(frozen=True)
+class Job:
+    """What to launch, independent of the MPI: ``argv`` as ``nranks`` ranks, rank r on ``rank_hosts[r]``
+    (None: all on this host)."""
+    argv: list[str]
+    nranks: int
+    rank_hosts: list[str] | None = None
+    set_env: dict = field(default_factory=dict)   # NAME -> value for every rank, written into the command
+    forward: tuple = ()                           # names every rank gets from the launcher's environment
+    agent: str | None = None                      # ssh's replacement for reaching hosts (the emulated cluster)
+    iface: str | None = None                      # keep MPI's traffic between hosts on this interface
+    tcp: bool = False                             # TCP sockets, never InfiniBand, UCX or shared-memory netmods
+    mpiargs: tuple = ()                           # the user's own launcher arguments, passed as given
+    timeout: int | None = None                    # the launcher's own deadline (a backstop to the caller's)
+
+
+def build(kind: str, mpiexec: str, job: Job, root: bool, cores: int) -> tuple[list[str], dict[str, str]]:
+    """(command line, launcher environment) for ``job`` under MPI ``kind`` ('openmpi' or 'mpich'). Ranks are
+    left unbound; where ranks outnumber cores (or hosts are emulated on one machine) MPI yields when idle."""
+    crowded = job.agent is not None or (job.rank_hosts is None and job.nranks > cores)
+    env: dict[str, str] = {}
+    if kind == "openmpi":
+        cmd = [mpiexec, "-n", str(job.nranks)]
+        if job.rank_hosts is not None:  # one --host entry per rank, in rank order; the sequential mapper follows
+            cmd += ["--host", ",".join(job.rank_hosts), "--map-by", "seq"]
+        cmd += ["--bind-to", "none"]
+        if job.agent:
+            cmd += ["--prtemca", "plm_ssh_agent", job.agent]
+        if job.iface:
+            cmd += ["--prtemca", "oob_tcp_if_include", job.iface]
+        if job.tcp:
+            cmd += ["--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp"]
+        if job.iface:
+            cmd += ["--mca", "btl_tcp_if_include", job.iface]
+        if job.agent:
+            cmd += ["--mca", "mpi_yield_when_idle", "1"]
+        for name, value in job.set_env.items():
+            cmd += ["-x", f"{name}={value}"]
+        for name in job.forward:
+            cmd += ["-x", name]
+        if root:
+            env.update(OPEN_MPI_ROOT_ENV)
+        if crowded and not job.agent:
+            env["PRTE_MCA_rmaps_default_mapping_policy"] = ":oversubscribe"
+            env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+        if job.timeout:
+            cmd += ["--timeout", str(job.timeout)]
+    elif kind == "mpich":
+        cmd = [mpiexec]
+        if job.agent:
+            cmd += ["-launcher", "ssh", "-launcher-exec", job.agent]
+        if job.iface:
+            cmd += ["-iface", job.iface]
+        if job.rank_hosts is not None:
+            cmd += ["-hosts", _hydra_hosts(job.rank_hosts)]
+        cmd += ["-n", str(job.nranks)]
+        # Hydra's default network module (UCX) would bypass emulated links through shared memory between
+        # "hosts" of one machine, and InfiniBand where --tcp asks for sockets: TCP through libfabric.
+        if job.tcp:
+            cmd += ["-genv", "MPICH_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp"]
+            if job.iface:
+                cmd += ["-genv", "FI_TCP_IFACE", job.iface]
+        for name, value in job.set_env.items():
+            cmd += ["-genv", name, value]
+        # job.forward: hydra passes the launcher's whole environment to every rank by default.
+        if job.timeout:
+            env["MPIEXEC_TIMEOUT"] = str(job.timeout)
+    else:
+        raise ValueError(f"unknown MPI {kind!r}: expected openmpi or mpich")
+    return cmd + list(job.mpiargs) + list(job.argv), env
+
+
 def command(nranks: int, argv: list[str], timeout: int | None = None) -> tuple[list[str], dict[str, str]]:
     """(command line, environment additions) that run ``argv`` as ``nranks`` MPI processes on this host."""
     exe = mpiexec_path()
-    env: dict[str, str] = {}
-    oversubscribed = nranks > (os.cpu_count() or 1)
-    if flavor(exe) == "openmpi":
-        cmd = [exe, "-n", str(nranks), "--bind-to", "none"]
-        env.update(OPEN_MPI_ROOT_ENV)
-        if oversubscribed:
-            env["OMPI_MCA_mpi_yield_when_idle"] = "1"
-        if timeout:
-            cmd += ["--timeout", str(timeout)]
-    else:
-        cmd = [exe, "-n", str(nranks)]
-        if timeout:
-            env["MPIEXEC_TIMEOUT"] = str(timeout)
-    return cmd + argv, env
+    return build(flavor(exe), exe, Job(list(argv), nranks, timeout=timeout), root=os.geteuid() == 0,
+                 cores=os.cpu_count() or 1)
 
 
 def run(nranks: int, argv: list[str], timeout: int | None = None) -> int:
@@ -88,29 +148,7 @@ def _hydra_hosts(rank_hosts: list[str]) -> str:
 def cluster_command(mpiexec: str, rank_hosts: list[str], agent: str, argv: list[str], forward: list[str] = (),
                     timeout: int | None = None, iface: str = "eth0") -> tuple[list[str], dict[str, str]]:
     """(command, environment) running argv with rank r on host rank_hosts[r], reaching hosts through
-    ``agent`` (ssh's place) and keeping MPI's traffic between hosts on ``iface``. Ranks are left unbound and
-    yield when idle: an emulated cluster runs more ranks than the machine has cores."""
-    n = len(rank_hosts)
-    env: dict[str, str] = {}
-    if flavor(mpiexec) == "openmpi":
-        # One --host entry per run of consecutive ranks, in rank order; the sequential mapper follows it.
-        hosts = ",".join(h for h, k in _runs(rank_hosts) for _ in range(k))
-        cmd = [mpiexec, "-n", str(n), "--host", hosts, "--map-by", "seq", "--bind-to", "none",
-               "--prtemca", "plm_ssh_agent", agent, "--prtemca", "oob_tcp_if_include", iface,
-               "--mca", "btl", "self,sm,tcp", "--mca", "btl_tcp_if_include", iface,
-               "--mca", "mpi_yield_when_idle", "1"]
-        for name in forward:
-            cmd += ["-x", name]
-        env.update(OPEN_MPI_ROOT_ENV)
-        if timeout:
-            cmd += ["--timeout", str(timeout)]
-    else:
-        # Hydra's default network module (UCX) would bypass the links through shared memory between "hosts"
-        # of one machine, so TCP through libfabric, on iface.
-        hosts = _hydra_hosts(rank_hosts)
-        cmd = [mpiexec, "-launcher", "ssh", "-launcher-exec", agent, "-iface", iface, "-hosts", hosts,
-               "-n", str(n), "-genv", "MPICH_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp",
-               "-genv", "FI_TCP_IFACE", iface]
-        if timeout:
-            env["MPIEXEC_TIMEOUT"] = str(timeout)
-    return cmd + list(argv), env
+    ``agent`` (ssh's place) and keeping MPI's traffic between hosts on TCP over ``iface``."""
+    job = Job(list(argv), len(rank_hosts), list(rank_hosts), forward=tuple(forward), agent=agent, iface=iface,
+              tcp=True, timeout=timeout)
+    return build(flavor(mpiexec), mpiexec, job, root=os.geteuid() == 0, cores=os.cpu_count() or 1)

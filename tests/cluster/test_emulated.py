@@ -157,3 +157,20 @@ def test_ddlrun_emulate_runs_the_job_on_the_emulated_hosts():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("hosts 2 levels 2") == 4
+
+
+def test_ddlrun_emulate_checks_the_hosts_and_gives_every_rank_its_place(tmp_path):
+    report = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "launch", "rank_report.py")
+    out = subprocess.run([sys.executable, "-m", "ddl.ddlrun", "-v", "--emulate", "2x2", sys.executable, report,
+                          str(tmp_path), "ok"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "check node0: {" in out.stderr and "check node1: {" in out.stderr  # probed through the agent
+    got = {}
+    for r in range(4):
+        with open(tmp_path / f"rank{r}.json") as f:
+            got[r] = json.load(f)
+    for r, info in got.items():
+        assert info["host"] == f"node{r // 2}" and info["LOCAL_RANK"] == str(r % 2)
+        assert info["GROUP_RANK"] == str(r // 2) and info["LOCAL_WORLD_SIZE"] == "2"
+        assert info["DDL_OPTIONS"] == "-mode p:2x2x1x1" and info["DDL_HOST_LIST"] == "node0:0,1;node1:2,3"
+        assert info["DDL_TOPOLOGY"].endswith("topology.json") and info["sum"] == [10.0] * 4

@@ -63,7 +63,7 @@ def test_open_mpi_command_follows_the_placement(monkeypatch):
                                       forward=["DDL_TOPOLOGY"], timeout=60)
     assert cmd == ["/v/bin/mpiexec", "-n", "3", "--host", "n0,n1,n0", "--map-by", "seq", "--bind-to", "none",
                    "--prtemca", "plm_ssh_agent", "/w/agent.sh", "--prtemca", "oob_tcp_if_include", "eth0",
-                   "--mca", "btl", "self,sm,tcp", "--mca", "btl_tcp_if_include", "eth0",
+                   "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp", "--mca", "btl_tcp_if_include", "eth0",
                    "--mca", "mpi_yield_when_idle", "1", "-x", "DDL_TOPOLOGY", "--timeout", "60", "python", "x.py"]
     assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
 
@@ -109,7 +109,8 @@ def test_ddlrun_dry_run_prints_the_emulated_command(capsys, monkeypatch):
     monkeypatch.setattr(mpirun, "flavor", lambda exe: "openmpi")
     assert ddlrun.main(["--emulate", "T4", "--dry-run", "-m", "p", "python", "train.py"]) == 0
     err = capsys.readouterr().err
-    assert "--host node0,node1,node2,node3,node0,node1,node2,node3" in err and "-x DDL_OPTIONS" in err
+    assert "--host node0,node1,node2,node3,node0,node1,node2,node3" in err and "-x 'DDL_OPTIONS=-mode p'" in err
+    assert "DDL_HOST_LIST=node0:0,4;node1:1,5;node2:2,6;node3:3,7" in err and "-x DDL_TOPOLOGY" in err
     assert ddlrun.main(["--emulate", "T4", "-np", "3", "python", "x.py"]) == 2
     assert "runs 8 ranks; -np 3 disagrees" in capsys.readouterr().err
 

@@ -1,0 +1,213 @@
+"""ddlrun's command building: placement, DDL_OPTIONS, DDL_HOST_LIST and the exact command lines for Open MPI
+and MPICH, across flags and schedulers. Pure: the machine is described, the MPI flavour mocked, nothing runs."""
+import pytest
+
+from ddl import ddlrun, hosts, launch, mpirun
+from ddl.hosts import Host
+from ddl.launch import LaunchError, Machine, Request
+
+PY = "/v/bin/python"
+GPU_BOX = Machine("login", cores=8, gpus=4, root=False, python=PY,
+                  environ={"PATH": "/v/bin:/usr/bin", "HOME": "/h", "DDL_ALGO": "ring", "VIRTUAL_ENV": "/v"})
+CPU_BOX = Machine("laptop", cores=2, gpus=0, root=True, python=PY, environ={"PATH": "/usr/bin"})
+SHIM = [PY, "-m", "ddl.rankenv"]
+
+
+def commands(req, here=GPU_BOX):
+    p = launch.plan(req, here)
+    return p, {kind: mpirun.build(kind, "/v/bin/mpiexec", p.job, here.root, here.cores)
+               for kind in ("openmpi", "mpich")}
+
+
+def test_two_hosts_of_four_gpus_exact_command_lines():
+    p, cmds = commands(Request(["python", "train.py"], hosts=[Host("n1"), Host("n2")]))
+    assert p.rank_hosts == ["n1"] * 4 + ["n2"] * 4 and p.dims == (4, 2, 1, 1) and p.remote
+    opts, hl = "-mode p:4x2x1x1", "n1:0,1,2,3;n2:4,5,6,7"
+    assert cmds["openmpi"] == ([
+        "/v/bin/mpiexec", "-n", "8", "--host", "n1,n1,n1,n1,n2,n2,n2,n2", "--map-by", "seq", "--bind-to", "none",
+        "-x", f"DDL_OPTIONS={opts}", "-x", f"DDL_HOST_LIST={hl}", "-x", "DDL_BIND_GPU=1",
+        "-x", "PATH", "-x", "VIRTUAL_ENV", "-x", "DDL_ALGO", *SHIM, "python", "train.py"], {})
+    assert cmds["mpich"] == ([
+        "/v/bin/mpiexec", "-hosts", "n1:4,n2:4", "-n", "8", "-genv", "DDL_OPTIONS", opts,
+        "-genv", "DDL_HOST_LIST", hl, "-genv", "DDL_BIND_GPU", "1", *SHIM, "python", "train.py"], {})
+
+
+def test_laptop_one_rank_per_core_as_root_oversubscribed():
+    p, cmds = commands(Request(["prog"], np=4), CPU_BOX)
+    assert p.rank_hosts == ["laptop"] * 4 and not p.remote
+    cmd, env = cmds["openmpi"]
+    assert cmd == ["/v/bin/mpiexec", "-n", "4", "--bind-to", "none", "-x", "DDL_OPTIONS=-mode p:4x1x1x1",
+                   "-x", "DDL_HOST_LIST=laptop:0,1,2,3", "-x", "PATH", *SHIM, "prog"]
+    assert env == {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                   "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "OMPI_MCA_mpi_yield_when_idle": "1"}
+    assert cmds["mpich"][0] == ["/v/bin/mpiexec", "-n", "4", "-genv", "DDL_OPTIONS", "-mode p:4x1x1x1",
+                                "-genv", "DDL_HOST_LIST", "laptop:0,1,2,3", *SHIM, "prog"]
+    # default rank count: one per core without GPUs, one per GPU with them
+    assert len(launch.plan(Request(["prog"]), CPU_BOX).rank_hosts) == 2
+    assert len(launch.plan(Request(["prog"]), GPU_BOX).rank_hosts) == 4
+
+
+def test_flags_mode_options_tiers_tcp_mpiargs_output():
+    req = Request(["p"], hosts=[Host(f"n{i}", 2) for i in range(8)], mode="r", ddloption="-dbg_level 1",
+                  racks=2, aisles=2, tcp=True, mpiargs=("-x", "EGO_TOP"), output_dir="/logs")
+    p, cmds = commands(req, CPU_BOX)
+    assert p.dims == (2, 2, 2, 2)
+    cmd, _ = cmds["openmpi"]
+    assert cmd[cmd.index("--bind-to") + 2:cmd.index(SHIM[0])] == [
+        "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp",
+        "-x", "DDL_OPTIONS=-mode r:2x2x2x2 -dbg_level 1", "-x", "DDL_HOST_LIST=" + launch.host_list(p.rank_hosts),
+        "-x", "DDL_OUTPUT_DIR=/logs", "-x", "PATH", "-x", "EGO_TOP"]
+    cmd, _ = cmds["mpich"]
+    assert cmd[cmd.index("16") + 1:cmd.index("16") + 10] == [
+        "-genv", "MPICH_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp", "-genv", "DDL_OPTIONS",
+        "-mode r:2x2x2x2 -dbg_level 1"]
+    assert cmd[cmd.index("EGO_TOP") - 1:] == ["-x", "EGO_TOP", *SHIM, "p"]
+
+
+def test_a_mode_with_dims_is_kept_and_no_ddloptions_sets_none():
+    p = launch.plan(Request(["p"], np=4, mode="b:2x2"), CPU_BOX)
+    assert p.job.set_env["DDL_OPTIONS"] == "-mode b:2x2"
+    p = launch.plan(Request(["p"], np=4, no_ddloptions=True), CPU_BOX)
+    assert "DDL_OPTIONS" not in p.job.set_env and p.job.set_env["DDL_HOST_LIST"] == "laptop:0,1,2,3"
+
+
+def test_user_ddl_options_in_the_environment_are_not_forwarded_over_ddlruns():
+    here = Machine("h", 2, 0, False, PY, {"DDL_OPTIONS": "-mode r", "DDL_TIMEOUT": "9"})
+    job = launch.plan(Request(["p"], np=2), here).job
+    assert job.forward == ("DDL_TIMEOUT",) and job.set_env["DDL_OPTIONS"] == "-mode p:2x1x1x1"
+    job = launch.plan(Request(["p"], np=2, no_ddloptions=True), here).job
+    assert job.forward == ("DDL_OPTIONS", "DDL_TIMEOUT")  # the program's own ddl.init reads them
+
+
+def test_np_fills_hosts_in_order_and_never_beyond_their_slots():
+    req = Request(["p"], np=5, hosts=[Host("a", 2), Host("b", 2), Host("c", 2)])
+    p = launch.plan(req, CPU_BOX)
+    assert p.rank_hosts == ["a", "a", "b", "b", "c"] and p.dims is None  # uneven: no tiers
+    assert "DDL_OPTIONS=-mode p" in commands(req, CPU_BOX)[1]["openmpi"][0]
+    with pytest.raises(LaunchError, match="-np 7 is more than the 6 slots.*a:2, b:2, c:2"):
+        launch.plan(Request(["p"], np=7, hosts=[Host("a", 2), Host("b", 2), Host("c", 2)]), CPU_BOX)
+    with pytest.raises(LaunchError, match="same number of ranks on every host"):
+        launch.plan(Request(["p"], np=5, racks=1, hosts=[Host("a", 2), Host("b", 2), Host("c", 2)]), CPU_BOX)
+
+
+def test_accelerators_set_the_slots_of_hosts_given_without_them():
+    p = launch.plan(Request(["p"], hosts=[Host("a"), Host("b", 1)], accelerators=3), CPU_BOX)
+    assert p.rank_hosts == ["a"] * 3 + ["b"] and p.job.set_env["DDL_BIND_GPU"] == "1"
+    assert launch.plan(Request(["p"], hosts=[Host("a"), Host("b")]), CPU_BOX).rank_hosts == ["a", "b"]
+
+
+def test_tiers_that_do_not_multiply_to_the_ranks_are_refused():
+    four = [Host(f"n{i}", 2) for i in range(4)]
+    assert launch.plan(Request(["p"], hosts=four, racks=2), CPU_BOX).dims == (2, 2, 2, 1)
+    assert launch.plan(Request(["p"], hosts=four, nodes=2, racks=2), CPU_BOX).dims == (2, 2, 2, 1)
+    with pytest.raises(LaunchError, match="2 ranks per node x 3 nodes per rack .* = 6 ranks, but the job has 8"):
+        launch.plan(Request(["p"], hosts=four, nodes=3), CPU_BOX)
+
+
+def test_rankfile_placement_goes_to_the_launcher_as_given():
+    p, cmds = commands(Request(["p"], rank_hosts=["a", "b", "a", "b"]), CPU_BOX)
+    assert p.dims is None and launch.host_list(p.rank_hosts) == "a:0,2;b:1,3"
+    assert cmds["openmpi"][0][:7] == ["/v/bin/mpiexec", "-n", "4", "--host", "a,b,a,b", "--map-by", "seq"]
+    assert cmds["mpich"][0][:5] == ["/v/bin/mpiexec", "-hosts", "a,b", "-n", "4"]
+    with pytest.raises(LaunchError, match="rankfile places 4 ranks; -np 2"):
+        launch.plan(Request(["p"], np=2, rank_hosts=["a", "b", "a", "b"]), CPU_BOX)
+
+
+@pytest.mark.parametrize("env,expected_hosts", [
+    ({"SLURM_JOB_NODELIST": "gpu[1-2]", "SLURM_TASKS_PER_NODE": "4(x2)"}, "gpu1:4,gpu2:4"),
+    ({"LSB_MCPU_HOSTS": "batch 1 g1 4 g2 4"}, "g1:4,g2:4"),
+    ({"LSB_MCPU_HOSTS": "g1 6 g2 6"}, "g1:6,g2:6"),
+])
+def test_scheduler_jobs_launch_on_their_hosts(env, expected_hosts):
+    source, found = hosts.from_scheduler(env)
+    p, cmds = commands(Request(["p"], hosts=found), CPU_BOX)
+    assert cmds["mpich"][0][:3] == ["/v/bin/mpiexec", "-hosts", expected_hosts]
+    per = int(expected_hosts.split(":")[1].split(",")[0])
+    assert p.job.set_env["DDL_OPTIONS"] == f"-mode p:{per}x2x1x1"
+
+
+def test_pbs_job_launches_on_its_nodefile(tmp_path):
+    f = tmp_path / "nodefile"
+    f.write_text("c1\nc1\nc2\nc2\n")
+    _, found = hosts.from_scheduler({"PBS_NODEFILE": str(f)})
+    _, cmds = commands(Request(["p"], hosts=found), CPU_BOX)
+    assert cmds["openmpi"][0][:5] == ["/v/bin/mpiexec", "-n", "4", "--host", "c1,c1,c2,c2"]
+
+
+def test_the_emulated_cluster_is_reached_through_its_agent():
+    req = Request(["p"], rank_hosts=["node0", "node0", "node1", "node1"], agent="/w/agent.sh", iface="eth0")
+    p, cmds = commands(req, CPU_BOX)
+    assert p.dims == (2, 2, 1, 1)
+    assert cmds["openmpi"][0][:20] == [
+        "/v/bin/mpiexec", "-n", "4", "--host", "node0,node0,node1,node1", "--map-by", "seq", "--bind-to", "none",
+        "--prtemca", "plm_ssh_agent", "/w/agent.sh", "--prtemca", "oob_tcp_if_include", "eth0",
+        "--mca", "pml", "ob1", "--mca", "btl"]
+    assert cmds["mpich"][0][:9] == ["/v/bin/mpiexec", "-launcher", "ssh", "-launcher-exec", "/w/agent.sh",
+                                    "-iface", "eth0", "-hosts", "node0:2,node1:2"]
+
+
+def test_program_is_the_first_argument_that_is_not_an_option():
+    ap = ddlrun._parser()
+    assert ddlrun.split_program(ap, ["-np", "4", "python", "-np", "2", "-v"]) == (["-np=4"],
+                                                                                 ["python", "-np", "2", "-v"])
+    assert ddlrun.split_program(ap, ["-v", "-s", "--mode=r", "-mode", "b", "prog"]) == (
+        ["-v", "-s", "--mode=r", "-mode=b"], ["prog"])
+    assert ddlrun.split_program(ap, ["--timeout", "5", "--", "-weird-program"]) == (["--timeout=5"],
+                                                                                    ["-weird-program"])
+    with pytest.raises(SystemExit):
+        ddlrun.split_program(ap, ["--bogus", "prog"])
+
+
+def test_ibm_single_dash_options_parse():
+    ap = ddlrun._parser()
+    options, program = ddlrun.split_program(ap, [
+        "-mode", "b", "-hostfile", "h", "-racks", "2", "-aisles", "1", "-accelerators", "4", "-mpiarg",
+        "-pami_noib", "-ddloption", "-dbg_level 1", "-tcp", "-no_ddloptions", "-n", "8", "prog"])
+    a = ap.parse_args(options)
+    assert program == ["prog"]
+    assert (a.mode, a.hostfile, a.racks, a.aisles, a.accelerators, a.mpiarg, a.ddloption, a.tcp,
+            a.no_ddloptions, a.np) == ("b", "h", 2, 1, 4, ["-pami_noib"], ["-dbg_level 1"], True, True, 8)
+
+
+def _dry_run(monkeypatch, capsys, argv, environ=None, kind="openmpi"):
+    monkeypatch.setenv("DDL_MPIEXEC", "/v/bin/mpiexec")
+    monkeypatch.setattr(mpirun, "flavor", lambda exe: kind)
+    monkeypatch.setattr(ddlrun, "_machine", lambda: CPU_BOX)
+    for k in ("SLURM_JOB_NODELIST", "LSB_MCPU_HOSTS", "LSB_DJOB_HOSTFILE", "PBS_NODEFILE"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in (environ or {}).items():
+        monkeypatch.setenv(k, v)
+    rc = ddlrun.main(["--dry-run", *argv])
+    return rc, capsys.readouterr().err
+
+
+def test_dry_run_prints_a_copy_pastable_command(monkeypatch, capsys):
+    rc, err = _dry_run(monkeypatch, capsys, ["-H", "a:2,b:2", "python", "t.py", "--lr", "0.1"])
+    assert rc == 0
+    assert err.strip().splitlines()[-1] == (
+        "+ OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 /v/bin/mpiexec -n 4 --host a,a,b,b "
+        "--map-by seq --bind-to none -x 'DDL_OPTIONS=-mode p:2x2x1x1' -x 'DDL_HOST_LIST=a:0,1;b:2,3' "
+        "-x PATH /v/bin/python -m ddl.rankenv python t.py --lr 0.1")
+
+
+def test_dry_run_inside_slurm_uses_the_jobs_hosts(monkeypatch, capsys):
+    rc, err = _dry_run(monkeypatch, capsys, ["-v", "prog"], kind="mpich",
+                       environ={"SLURM_JOB_NODELIST": "c[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"})
+    assert rc == 0 and "hosts from slurm: c1:0,1;c2:2,3" in err
+    assert "+ /v/bin/mpiexec -hosts c1:2,c2:2 -n 4 -genv DDL_OPTIONS '-mode p:2x2x1x1'" in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["-H", "a;rm -rf ~", "prog"], "not a valid host name"),
+    (["-H", "a", "--hostfile", "f", "prog"], "give one of"),
+    (["-H", "a:1", "-np", "3", "prog"], "more than the 1 slots"),
+    (["--hostfile", "/nonexistent/hosts", "prog"], "No such file"),
+])
+def test_bad_input_is_a_usage_error_naming_what(monkeypatch, capsys, argv, message):
+    rc, err = _dry_run(monkeypatch, capsys, argv)
+    assert rc == 2 and message in err and "+ " not in err
+
+
+def test_mpi_choice_must_match_the_launcher_found(monkeypatch, capsys):
+    rc, err = _dry_run(monkeypatch, capsys, ["--mpi", "mpich", "-np", "2", "prog"])
+    assert rc == 2 and "is openmpi's" in err and "DDL_MPIEXEC" in err
