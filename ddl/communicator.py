@@ -38,6 +38,13 @@ PLAN_CACHE_SIZE = 256
 _BYTE = _native.DType.uint8
 
 
+def _dims_follow_hosts(dims: tuple[int, ...], hosts: list[str]) -> bool:
+    """True when the innermost tier of ``dims`` is exactly the ranks of each host (packed host by host)."""
+    per = dims[0]
+    groups = [hosts[i:i + per] for i in range(0, len(hosts), per)]
+    return all(len(set(g)) == 1 for g in groups) and len({g[0] for g in groups}) == len(groups)
+
+
 def _hash64(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
 
@@ -98,8 +105,8 @@ class Communicator:
     def _choose_tree(self, given, topology, reports) -> tuple[list, tuple]:
         """The tree large allreduces follow and the cost of its levels, from the first that applies: a plan
         file (-plan, DDL_PLAN); a tree given to init; a topology (init argument, -topology, DDL_TOPOLOGY)
-        checked against the hosts MPI sees; IBM's -mode dims (ddlrun's tiers; a topology describes the links
-        better, so it comes first); what discovery found; else one flat level."""
+        checked against the hosts MPI sees; what discovery found, unless IBM's -mode dims group the ranks
+        otherwise than their hosts do; the -mode dims; else one flat level."""
         network = setting("DDL_NETWORK")
         hosts = [r["host"] for r in reports] if reports else None
         if self.options.plan:
@@ -110,13 +117,17 @@ class Communicator:
             tree = self._checked(given, "the hierarchy")
             return tree, planner.default_levels(tree, link=network)
         source = topology if topology is not None else self.options.topology
-        if source is None and self.options.mode is not None and self.options.mode.dims:
-            tree = self._checked(hierarchical.from_dims(self.options.mode.dims), "-mode")
-            return tree, planner.default_levels(tree, ("gpu", "node", "rack", "aisle"), network)
+        dims = self.options.mode.dims if self.options.mode is not None else ()
         if source is not None:
             self.topology = topo.load(source)
         elif reports and (len(set(hosts)) > 1 or len({r["numa"] for r in reports} - {None}) > 1):
-            self.topology = discover.build(reports)  # several hosts, or one host's ranks on several sockets
+            # several hosts, or one host's ranks on several sockets. Dims that group ranks by host as MPI
+            # placed them (ddlrun's) say nothing discovery does not: its sockets, GPUs and switches are kept.
+            if not dims or _dims_follow_hosts(dims, hosts):
+                self.topology = discover.build(reports)
+        if self.topology is None and dims:
+            tree = self._checked(hierarchical.from_dims(dims), "-mode")
+            return tree, planner.default_levels(tree, ("gpu", "node", "rack", "aisle"), network)
         if self.topology is not None:
             tree, levels = self.topology.hierarchy(self.topology.place(hosts, self.size))
             return self._checked(tree, f"topology {self.topology.name!r}"), tuple(levels) or \

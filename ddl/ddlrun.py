@@ -38,12 +38,18 @@ USAGE_ERROR = 2
 CHECK_FAILED = 3
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ddlrun", usage="ddlrun [options] program [args]", allow_abbrev=False,
                                  description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add = ap.add_argument  # IBM's ddlrun took every long option with one dash or two: both are accepted
-    add("-np", "--np", "-n", dest="np", type=int, help="number of ranks (default: every slot of the hosts)")
+    add("-np", "--np", "-n", dest="np", type=_positive, help="number of ranks (default: every slot of the hosts)")
     add("-H", "--host", "-host", dest="host", help="hosts, h1,h2 or h1:slots,h2:slots")
     add("--hostfile", "-hostfile", help="file of hosts, one a line: 'host', 'host:N' or 'host slots=N'")
     add("-rf", "--rankfile", "-rankfile", help="Open MPI rankfile ('rank N=host slot=...'); skips the checks")
@@ -53,10 +59,10 @@ def _parser() -> argparse.ArgumentParser:
         help="more DDL_OPTIONS, e.g. '-dbg_level 1' (repeatable)")
     add("--no_ddloptions", "-no_ddloptions", action="store_true",
         help="set no DDL_OPTIONS (the program calls ddl.init(options=...) itself)")
-    add("--accelerators", "-accelerators", type=int, help="GPUs (ranks) per host where the host list gives no slots")
-    add("--nodes", "-nodes", type=int, help="nodes per rack (IBM's second tier; default: all nodes)")
-    add("--racks", "-racks", type=int, help="racks per aisle (default 1)")
-    add("--aisles", "-aisles", type=int, help="aisles (default 1)")
+    add("--accelerators", "-accelerators", type=_positive, help="GPUs (ranks) per host where the host list gives no slots")
+    add("--nodes", "-nodes", type=_positive, help="nodes per rack (IBM's second tier; default: all nodes)")
+    add("--racks", "-racks", type=_positive, help="racks per aisle (default 1)")
+    add("--aisles", "-aisles", type=_positive, help="aisles (default 1)")
     add("--mpiarg", "-mpiarg", action="append", default=[], help="arguments for mpirun, e.g. '-x FOO' (repeatable)")
     add("--tcp", "-tcp", action="store_true", help="TCP sockets only (no InfiniBand, UCX or PAMI)")
     add("-v", "--verbose", action="store_true", help="say where ranks go, what each rank gets, what checks found")
@@ -115,9 +121,9 @@ def _machine() -> launch.Machine:
 
 def _hosts(args) -> tuple[str, list[hostlib.Host] | None, list[str] | None]:
     """(where the hosts came from, hosts, rankfile placement)."""
-    given = [f for f in ("host", "hostfile", "rankfile", "emulate") if getattr(args, f)]
+    given = [f for f in ("host", "hostfile", "rankfile") if getattr(args, f)]
     if len(given) > 1:
-        raise DDLError(f"give one of -H, --hostfile, --rankfile, --emulate (got {', '.join(given)})")
+        raise DDLError(f"give one of -H, --hostfile, --rankfile (got {', '.join(given)})")
     if args.host:
         return "-H", hostlib.parse_host_list(args.host), None
     if args.hostfile:
@@ -131,11 +137,15 @@ def _hosts(args) -> tuple[str, list[hostlib.Host] | None, list[str] | None]:
 
 
 def _request(args, program, hosts, rank_hosts, **extra) -> launch.Request:
+    try:
+        mpiargs = tuple(w for a in args.mpiarg for w in shlex.split(a))
+    except ValueError as e:
+        raise DDLError(f"--mpiarg {args.mpiarg!r}: {e}") from None
     return launch.Request(
         program=program, np=args.np, hosts=hosts, rank_hosts=rank_hosts, mode=args.mode,
         ddloption=" ".join(args.ddloption), no_ddloptions=args.no_ddloptions, accelerators=args.accelerators,
         nodes=args.nodes, racks=args.racks, aisles=args.aisles,
-        mpiargs=tuple(w for a in args.mpiarg for w in shlex.split(a)), tcp=args.tcp,
+        mpiargs=mpiargs, tcp=args.tcp,
         output_dir=os.path.abspath(args.output_filename) if args.output_filename else None, **extra)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import mpirun
+from . import mpirun, options
 from .errors import DDLError
 from .hosts import LOCAL_NAMES, Host
 
@@ -136,7 +136,11 @@ def plan(req: Request, here: Machine) -> Plan:
     settings: dict[str, str] = {}
     if not req.no_ddloptions:
         settings["DDL_OPTIONS"] = ddl_options(req, dims)
+        options.parse(settings["DDL_OPTIONS"], environ={})  # a bad mode or option fails here, not on every rank
     settings["DDL_HOST_LIST"] = host_list(rank_hosts)
+    if dims and any(v is not None for v in (req.nodes, req.racks, req.aisles)):
+        # the same tiers for ddl's discovery, which keeps what it sees inside each node (sockets, GPUs)
+        settings.update(DDL_NODES=str(dims[1]), DDL_RACKS=str(dims[2]), DDL_AISLES=str(dims[3]))
     if here.gpus or req.accelerators:
         settings["DDL_BIND_GPU"] = "1"
     if req.output_dir:

@@ -56,7 +56,7 @@ def test_flags_mode_options_tiers_tcp_mpiargs_output():
     assert cmd[cmd.index("--bind-to") + 2:cmd.index(SHIM[0])] == [
         "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp",
         "-x", "DDL_OPTIONS=-mode r:2x2x2x2 -dbg_level 1", "-x", "DDL_HOST_LIST=" + launch.host_list(p.rank_hosts),
-        "-x", "DDL_OUTPUT_DIR=/logs", "-x", "PATH", "-x", "EGO_TOP"]
+        "-x", "DDL_NODES=2", "-x", "DDL_RACKS=2", "-x", "DDL_AISLES=2", "-x", "DDL_OUTPUT_DIR=/logs", "-x", "PATH", "-x", "EGO_TOP"]
     cmd, _ = cmds["mpich"]
     assert cmd[cmd.index("16") + 1:cmd.index("16") + 10] == [
         "-genv", "MPICH_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp", "-genv", "DDL_OPTIONS",
@@ -202,12 +202,40 @@ def test_dry_run_inside_slurm_uses_the_jobs_hosts(monkeypatch, capsys):
     (["-H", "a", "--hostfile", "f", "prog"], "give one of"),
     (["-H", "a:1", "-np", "3", "prog"], "more than the 1 slots"),
     (["--hostfile", "/nonexistent/hosts", "prog"], "No such file"),
+    (["-m", "z", "prog"], "bad -mode 'z"),
+    (["--ddloption", "-bogus 1", "prog"], "unknown DDL option '-bogus'"),
+    (["--mpiarg", "'unclosed", "prog"], "No closing quotation"),
 ])
 def test_bad_input_is_a_usage_error_naming_what(monkeypatch, capsys, argv, message):
     rc, err = _dry_run(monkeypatch, capsys, argv)
     assert rc == 2 and message in err and "+ " not in err
 
 
+@pytest.mark.parametrize("argv", [["-np", "0", "p"], ["-np", "-2", "p"], ["--racks", "x", "p"]])
+def test_counts_must_be_positive(monkeypatch, capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        _dry_run(monkeypatch, capsys, argv)
+    assert e.value.code == 2 and "expected a whole number of at least 1" in capsys.readouterr().err
+
+
 def test_mpi_choice_must_match_the_launcher_found(monkeypatch, capsys):
     rc, err = _dry_run(monkeypatch, capsys, ["--mpi", "mpich", "-np", "2", "prog"])
     assert rc == 2 and "is openmpi's" in err and "DDL_MPIEXEC" in err
+
+
+def _tree_for(mode: str, hosts: list[str]):
+    from ddl.communicator import Communicator
+    from ddl.options import parse
+
+    reports = [{"host": h, "numa": None, "gpus": []} for h in hosts]
+    c = Communicator(None, 0, len(hosts), options=parse(f"-mode {mode}", environ={}), reports=reports)
+    return c.tree, c.topology
+
+
+def test_ddlruns_dims_keep_discovery_and_other_dims_override_it():
+    tree, topology = _tree_for("p:2x2x1x1", ["a", "a", "b", "b"])  # dims that follow the hosts
+    assert topology is not None and tree == [[0, 1], [2, 3]]
+    tree, topology = _tree_for("r:4", ["a", "a", "b", "b"])  # the user groups all four: dims win
+    assert topology is None and tree == [0, 1, 2, 3]
+    tree, topology = _tree_for("r:2x2", ["a", "b", "a", "b"])  # round-robin hosts, packed dims: dims win
+    assert topology is None and tree == [[0, 1], [2, 3]]
