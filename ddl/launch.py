@@ -17,7 +17,7 @@ from . import mpirun, options
 from .errors import DDLError
 from .hosts import LOCAL_NAMES, Host
 
-FORWARDED = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
+FORWARDED = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "KERAS_BACKEND")
 TIERS = ("ranks per node", "nodes per rack", "racks per aisle", "aisles")
 
 

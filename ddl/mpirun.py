@@ -120,6 +120,20 @@ def run(nranks: int, argv: list[str], timeout: int | None = None) -> int:
     return subprocess.run(cmd, env={**os.environ, **extra}).returncode
 
 
+def worker_json(nranks: int, argv: list[str], timeout: int = 1200):
+    """Runs argv under mpiexec (the benchmarks' self-launch), printing the command; returns the JSON that
+    rank 0 printed as its last line, or None after printing what went wrong."""
+    import json
+
+    cmd, extra = command(nranks, argv, timeout)
+    print("+ " + " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, env={**os.environ, **extra}, capture_output=True, text=True, timeout=timeout + 100)
+    if out.returncode != 0:
+        print(out.stdout, out.stderr)
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _runs(hosts: list[str]) -> list[tuple[str, int]]:
     """Consecutive ranks on one host, merged: [a, a, b, a] -> [(a, 2), (b, 1), (a, 1)]."""
     out: list[tuple[str, int]] = []

@@ -1,0 +1,152 @@
+"""PyTorch on ddl: collectives on tensors, broadcasting a model and its optimizer, and averaging gradients.
+
+    import ddl.torch as dt
+    dt.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = dt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * ddl.size()))
+    dt.broadcast_optimizer_state(optimizer, root_rank=0)
+    ... loss.backward(); optimizer.step()          # gradients averaged over ranks, in fused buffers
+
+CPU tensors that are contiguous are reduced in their own memory (through numpy, no copy); others are copied
+to the host and back. Importing this module imports torch; ``import ddl`` never does.
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+
+import ddl
+
+from . import fusion
+
+__all__ = ["allreduce", "allreduce_", "broadcast", "broadcast_", "allgather", "broadcast_parameters",
+           "broadcast_object", "broadcast_optimizer_state", "DistributedOptimizer", "average_gradients"]
+
+
+def _host_view(tensor: torch.Tensor) -> tuple[np.ndarray, bool]:
+    """(numpy array with the tensor's values, whether it shares the tensor's memory)."""
+    t = tensor.detach()
+    if t.device.type == "cpu" and t.is_contiguous() and t.dtype != torch.bfloat16:
+        return t.numpy(), True
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: reduce in float32, round back on the way in
+        return t.to(torch.float32).cpu().contiguous().numpy(), False
+    return t.cpu().contiguous().numpy(), False
+
+
+def _write_back(tensor: torch.Tensor, values: np.ndarray, shared: bool) -> torch.Tensor:
+    if not shared:
+        with torch.no_grad():
+            tensor.copy_(torch.from_numpy(np.ascontiguousarray(values)).reshape(tensor.shape))
+    return tensor
+
+
+def allreduce(tensor: torch.Tensor, op: str = "avg") -> torch.Tensor:
+    """A new tensor: the reduction of every rank's ``tensor`` (same device and dtype as the input)."""
+    return allreduce_(tensor.detach().clone(), op)
+
+
+def allreduce_(tensor: torch.Tensor, op: str = "avg") -> torch.Tensor:
+    """Reduces ``tensor`` in place across ranks; returns it."""
+    values, shared = _host_view(tensor)
+    ddl.communicator().allreduce(values, op, out=values)
+    return _write_back(tensor, values, shared)
+
+
+def broadcast(tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+    """A new tensor holding root's values."""
+    return broadcast_(tensor.detach().clone(), root)
+
+
+def broadcast_(tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+    """Overwrites ``tensor`` with root's values; returns it."""
+    values, _ = _host_view(tensor)
+    result = ddl.communicator().broadcast(values, root)
+    return _write_back(tensor, result, False)
+
+
+def allgather(tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's tensor concatenated along the first dimension, in rank order."""
+    values, _ = _host_view(tensor)
+    return torch.from_numpy(ddl.communicator().allgather(values)).to(tensor.device, tensor.dtype)
+
+
+def _tensors(params) -> list[torch.Tensor]:
+    """Tensors from a state_dict, named_parameters(), parameters() or a list, in a stable order."""
+    if isinstance(params, dict):
+        return [params[k] for k in params]
+    items = list(params)
+    return [p[1] if isinstance(p, tuple) else p for p in items]
+
+
+def broadcast_parameters(params, root_rank: int = 0) -> None:
+    """Overwrites every tensor of ``params`` (a state_dict, named_parameters() or parameters()) with root's
+    values, one broadcast per dtype."""
+    tensors = [t for t in _tensors(params) if isinstance(t, torch.Tensor)]
+    views = [_host_view(t)[0] for t in tensors]
+    for t, values in zip(tensors, fusion.broadcast_arrays(views, root_rank)):
+        _write_back(t, values, False)
+
+
+def broadcast_object(obj, root: int = 0):
+    """Root's ``obj`` (anything torch.save can write) on every rank."""
+    comm = ddl.communicator()
+    data = np.empty(0, np.uint8)
+    if comm.rank == root:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        data = np.frombuffer(buffer.getvalue(), np.uint8)
+    length = comm.broadcast(np.array([data.size], np.int64), root)[0]
+    if comm.rank != root:
+        data = np.empty(int(length), np.uint8)
+    data = comm.broadcast(data, root)
+    return torch.load(io.BytesIO(data.tobytes()), weights_only=False)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+    """Gives every rank root's optimizer state (moments, step counts, hyper-parameters). Ranks whose state is
+    still empty take root's as it is, so this may run before or after the first step."""
+    state = broadcast_object(optimizer.state_dict(), root_rank)
+    optimizer.load_state_dict(state)
+
+
+def average_gradients(parameters, threshold: int | None = None) -> None:
+    """Averages the gradients of ``parameters`` across ranks in place, in fused buffers of at most
+    ``threshold`` bytes (default DDL_FUSION_BYTES). A parameter that needs a gradient but has none on this
+    rank counts as zeros, so ranks whose graphs differ still agree on the buffers."""
+    params = [p for p in parameters if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    views = [_host_view(p.grad) for p in params]
+    reduced = fusion.allreduce_arrays([v for v, _ in views], "avg", threshold)
+    for p, (view, shared), values in zip(params, views, reduced):
+        if shared:
+            np.copyto(view, values)
+        else:
+            _write_back(p.grad, values, False)
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, threshold: int | None = None):
+    """Makes ``optimizer`` average the gradients across ranks before each step (in fused buffers), and
+    returns it. It stays an instance of its own class (learning-rate schedulers, state_dict, checkpoints work
+    as before); ``optimizer.synchronize()`` averages without stepping."""
+    if getattr(optimizer, "_ddl_distributed", False):
+        return optimizer
+    base = type(optimizer)
+
+    def synchronize(self) -> None:
+        average_gradients([p for g in self.param_groups for p in g["params"]], threshold)
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.synchronize()
+        base.step(self)
+        return loss
+
+    optimizer.__class__ = type(base.__name__, (base,), {"step": step, "synchronize": synchronize,
+                                                        "_ddl_distributed": True, "__module__": base.__module__})
+    return optimizer
