@@ -35,7 +35,7 @@ SETTINGS = {
         Setting("DDL_RACKS", "", "racks per aisle, for discovery (set by ddlrun --racks)"),
         Setting("DDL_AISLES", "", "aisles, for discovery (set by ddlrun --aisles)"),
         Setting("DDL_NETWORK", "eth_10g", "link kind between discovered nodes (a name from ddl.links)"),
-        Setting("DDL_FUSION_BYTES", str(64 << 20), "bytes per fused buffer when optimizers average many gradients "
+        Setting("DDL_FUSION_BYTES", str(128 << 20), "bytes per fused buffer when optimizers average many gradients "
                 "(ddl.fusion); 0: one buffer per dtype"),
         Setting("DDL_SMALL_BYTES", "65536", "largest payload carried in the agreement round itself (latency path)"),
     )

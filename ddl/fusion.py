@@ -3,7 +3,8 @@
 
 Buckets follow the arrays' order within each dtype, and dtypes go in one sorted order, so every rank forms the
 same buffers. An array larger than the threshold goes alone. The threshold: the argument, else
-DDL_FUSION_BYTES (default 64 MiB; 0 puts each dtype in one buffer).
+DDL_FUSION_BYTES (default 128 MiB; 0 puts each dtype in one buffer). Gradients are averaged at the step, not
+during backward, so smaller buffers buy no overlap: a 100 MB set measured 0-20 % slower in two buffers than in one.
 """
 from __future__ import annotations
 

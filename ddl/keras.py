@@ -26,7 +26,7 @@ from . import fusion
 from .errors import DDLError
 
 __all__ = ["DDLCallback", "DDLGlobalVariablesCallback", "DistributedOptimizer", "LearningRateWarmupCallback",
-           "broadcast_variables", "average_gradients"]
+           "broadcast_variables", "average_gradients", "keep_gradient_buffers"]
 
 
 def _to_numpy(x) -> np.ndarray:
@@ -49,6 +49,40 @@ def average_gradients(grads, variables, threshold: int | None = None) -> list:
     return out
 
 
+def _in_buffers(variable) -> bool:
+    from .torch import GradientBuckets
+
+    return GradientBuckets.fits(variable.value)
+
+
+def _average_in_buffers(buffers: dict, variables, grads, threshold) -> list:
+    """Torch backend: gradients live in fused buffers as the parameters' .grad (ddl.torch.GradientBuckets),
+    so the average is one in-place allreduce per buffer. With DDLCallback's zero_grad that zeroes in place,
+    backward writes straight into the buffers and nothing is copied."""
+    from .torch import GradientBuckets
+
+    params = [v.value for v in variables]
+    key = tuple(id(p) for p in params)
+    if key not in buffers:
+        buffers[key] = GradientBuckets(params, threshold)
+    for p, g in zip(params, grads):
+        if g is not None and g is not p.grad:  # gradients computed elsewhere (a custom train step)
+            p.grad = g
+    buffers[key].average()
+    return [p.grad for p in params]
+
+
+def keep_gradient_buffers(model) -> None:
+    """Torch backend: the model's zero_grad (called by Keras before each step) zeroes gradients in place
+    instead of dropping them, so they stay in ddl's fused buffers."""
+    if keras.backend.backend() != "torch" or getattr(model, "_ddl_zero_grad", False):
+        return
+    import torch
+
+    model.zero_grad = lambda set_to_none=True: torch.nn.Module.zero_grad(model, set_to_none=False)
+    model._ddl_zero_grad = True
+
+
 def DistributedOptimizer(optimizer, threshold: int | None = None):
     """Makes ``optimizer`` (a keras.optimizers.Optimizer) average gradients across ranks before every update,
     in fused buffers of at most ``threshold`` bytes (default DDL_FUSION_BYTES); returns it."""
@@ -58,10 +92,16 @@ def DistributedOptimizer(optimizer, threshold: int | None = None):
     if getattr(optimizer, "_ddl_distributed", False):
         return optimizer
     original = optimizer.apply
+    buffers = {}  # torch backend: the GradientBuckets of each list of variables seen
 
     def apply(grads, trainable_variables=None):
-        variables = trainable_variables if trainable_variables is not None else optimizer._trainable_variables
-        return original(average_gradients(list(grads), list(variables), threshold), trainable_variables)
+        variables = list(trainable_variables if trainable_variables is not None else optimizer._trainable_variables)
+        grads = list(grads)
+        if keras.backend.backend() == "torch" and all(_in_buffers(v) for v in variables):
+            grads = _average_in_buffers(buffers, variables, grads, threshold)
+        else:
+            grads = average_gradients(grads, variables, threshold)
+        return original(grads, trainable_variables)
 
     optimizer.apply = apply
     optimizer._ddl_distributed = True
@@ -86,6 +126,7 @@ class DDLCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         DistributedOptimizer(self.model.optimizer, self.threshold)
+        keep_gradient_buffers(self.model)
 
     def on_epoch_end(self, epoch, logs=None):
         if not logs or ddl.size() == 1:
@@ -107,6 +148,7 @@ class DDLGlobalVariablesCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         DistributedOptimizer(self.model.optimizer, self.threshold)
+        keep_gradient_buffers(self.model)
         broadcast_variables(list(self.model.variables) + list(self.model.optimizer.variables), self.root)
 
 
