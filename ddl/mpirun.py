@@ -53,57 +53,62 @@ class Job:
 def build(kind: str, mpiexec: str, job: Job, root: bool, cores: int) -> tuple[list[str], dict[str, str]]:
     """(command line, launcher environment) for ``job`` under MPI ``kind`` ('openmpi' or 'mpich'). Ranks are
     left unbound; where ranks outnumber cores (or hosts are emulated on one machine) MPI yields when idle."""
-    crowded = job.agent is not None or (job.rank_hosts is None and job.nranks > cores)
-    env: dict[str, str] = {}
+    crowded = job.rank_hosts is None and job.nranks > cores
     if kind == "openmpi":
-        cmd = [mpiexec, "-n", str(job.nranks)]
-        if job.rank_hosts is not None:  # one --host entry per rank, in rank order; the sequential mapper follows
-            cmd += ["--host", ",".join(job.rank_hosts), "--map-by", "seq"]
-        cmd += ["--bind-to", "none"]
-        if job.agent:
-            cmd += ["--prtemca", "plm_ssh_agent", job.agent]
-        if job.iface:
-            cmd += ["--prtemca", "oob_tcp_if_include", job.iface]
-        if job.tcp:
-            cmd += ["--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp"]
-        if job.iface:
-            cmd += ["--mca", "btl_tcp_if_include", job.iface]
-        if job.agent:
-            cmd += ["--mca", "mpi_yield_when_idle", "1"]
-        for name, value in job.set_env.items():
-            cmd += ["-x", f"{name}={value}"]
-        for name in job.forward:
-            cmd += ["-x", name]
-        if root:
-            env.update(OPEN_MPI_ROOT_ENV)
-        if crowded and not job.agent:
-            env["PRTE_MCA_rmaps_default_mapping_policy"] = ":oversubscribe"
-            env["OMPI_MCA_mpi_yield_when_idle"] = "1"
-        if job.timeout:
-            cmd += ["--timeout", str(job.timeout)]
+        cmd, env = _open_mpi(mpiexec, job, root, crowded)
     elif kind == "mpich":
-        cmd = [mpiexec]
-        if job.agent:
-            cmd += ["-launcher", "ssh", "-launcher-exec", job.agent]
-        if job.iface:
-            cmd += ["-iface", job.iface]
-        if job.rank_hosts is not None:
-            cmd += ["-hosts", _hydra_hosts(job.rank_hosts)]
-        cmd += ["-n", str(job.nranks)]
-        # Hydra's default network module (UCX) would bypass emulated links through shared memory between
-        # "hosts" of one machine, and InfiniBand where --tcp asks for sockets: TCP through libfabric.
-        if job.tcp:
-            cmd += ["-genv", "MPICH_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp"]
-            if job.iface:
-                cmd += ["-genv", "FI_TCP_IFACE", job.iface]
-        for name, value in job.set_env.items():
-            cmd += ["-genv", name, value]
-        # job.forward: hydra passes the launcher's whole environment to every rank by default.
-        if job.timeout:
-            env["MPIEXEC_TIMEOUT"] = str(job.timeout)
+        cmd, env = _mpich(mpiexec, job)
     else:
         raise ValueError(f"unknown MPI {kind!r}: expected openmpi or mpich")
     return cmd + list(job.mpiargs) + list(job.argv), env
+
+
+def _open_mpi(mpiexec: str, job: Job, root: bool, crowded: bool) -> tuple[list[str], dict[str, str]]:
+    cmd = [mpiexec, "-n", str(job.nranks)]
+    if job.rank_hosts is not None:  # one --host entry per rank, in rank order; the sequential mapper follows
+        cmd += ["--host", ",".join(job.rank_hosts), "--map-by", "seq"]
+    cmd += ["--bind-to", "none"]
+    if job.agent:
+        cmd += ["--prtemca", "plm_ssh_agent", job.agent]
+    if job.iface:
+        cmd += ["--prtemca", "oob_tcp_if_include", job.iface]
+    if job.tcp:
+        cmd += ["--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp"]
+    if job.iface:
+        cmd += ["--mca", "btl_tcp_if_include", job.iface]
+    if job.agent:  # emulated hosts share this machine's cores
+        cmd += ["--mca", "mpi_yield_when_idle", "1"]
+    for name, value in job.set_env.items():
+        cmd += ["-x", f"{name}={value}"]
+    for name in job.forward:
+        cmd += ["-x", name]
+    if job.timeout:
+        cmd += ["--timeout", str(job.timeout)]
+    env = dict(OPEN_MPI_ROOT_ENV) if root else {}
+    if crowded:
+        env.update(PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe", OMPI_MCA_mpi_yield_when_idle="1")
+    return cmd, env
+
+
+def _mpich(mpiexec: str, job: Job) -> tuple[list[str], dict[str, str]]:
+    cmd = [mpiexec]
+    if job.agent:
+        cmd += ["-launcher", "ssh", "-launcher-exec", job.agent]
+    if job.iface:
+        cmd += ["-iface", job.iface]
+    if job.rank_hosts is not None:
+        cmd += ["-hosts", _hydra_hosts(job.rank_hosts)]
+    cmd += ["-n", str(job.nranks)]
+    # Hydra's default network module (UCX) would bypass emulated links through shared memory between
+    # "hosts" of one machine, and InfiniBand where --tcp asks for sockets: TCP through libfabric.
+    if job.tcp:
+        cmd += ["-genv", "MPICH_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp"]
+        if job.iface:
+            cmd += ["-genv", "FI_TCP_IFACE", job.iface]
+    for name, value in job.set_env.items():
+        cmd += ["-genv", name, value]
+    # job.forward: hydra passes the launcher's whole environment to every rank by default.
+    return cmd, ({"MPIEXEC_TIMEOUT": str(job.timeout)} if job.timeout else {})
 
 
 def command(nranks: int, argv: list[str], timeout: int | None = None) -> tuple[list[str], dict[str, str]]:

@@ -108,3 +108,20 @@ def test_warmup_ramps_from_a_share_to_the_full_rate():
     p = ddl.size()
     assert w.rate(0) == pytest.approx(0.8 / p) and w.rate(4) == pytest.approx(0.8)
     assert w.rate(2) == pytest.approx(0.8 * (0.5 / p + 0.5)) and w.rate(9) == pytest.approx(0.8)
+
+
+def test_warmup_sets_the_rate_at_every_step_of_training():
+    p, r = ddl.size(), ddl.rank()
+    x, y = data(p)
+    seen = []
+
+    class Rates(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+
+    model = make_model(seed=2)
+    model.fit(x[r::p], y[r::p], batch_size=BATCH, epochs=3, shuffle=False, verbose=0,
+              callbacks=[ddl.DDLCallback(), dk.LearningRateWarmupCallback(0.4, warmup_epochs=2), Rates()])
+    epochs = [e + i / STEPS for e in range(3) for i in range(STEPS)]  # where each step starts
+    expected = [0.4 * ((1 - min(1.0, e / 2)) / p + min(1.0, e / 2)) for e in epochs]
+    np.testing.assert_allclose(seen, expected, rtol=1e-6)
