@@ -149,6 +149,17 @@ def _request(args, program, hosts, rank_hosts, **extra) -> launch.Request:
         output_dir=os.path.abspath(args.output_filename) if args.output_filename else None, **extra)
 
 
+def _prepare(args, program, source, hosts, rank_hosts, here: launch.Machine, **extra):
+    """(plan, command, launcher environment) for this request, the command printed (and the placement with -v)."""
+    exe, kind = _mpiexec(args.mpi)
+    p = launch.plan(_request(args, program, hosts, rank_hosts, **extra), here)
+    cmd, env = mpirun.build(kind, exe, p.job, here.root, here.cores)
+    if args.verbose:
+        _describe(p, source)
+    print(show(cmd, env), file=sys.stderr, flush=True)
+    return p, cmd, env
+
+
 def show(cmd: list[str], env: dict[str, str]) -> str:
     """The command as a shell would take it back (copy-pastable), launcher settings in front."""
     return "+ " + " ".join([f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.join(cmd)])
@@ -204,13 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.emulate:
             return _emulated(args, program)
         source, hosts, rank_hosts = _hosts(args)
-        exe, kind = _mpiexec(args.mpi)
         here = _machine()
-        p = launch.plan(_request(args, program, hosts, rank_hosts), here)
-        cmd, env = mpirun.build(kind, exe, p.job, here.root, here.cores)
-        if args.verbose:
-            _describe(p, source)
-        print(show(cmd, env), file=sys.stderr, flush=True)
+        p, cmd, env = _prepare(args, program, source, hosts, rank_hosts, here)
         if args.dry_run:
             return 0
         if p.remote and not (args.skipchecks or args.rankfile):
@@ -235,20 +241,15 @@ def _emulated(args, program: list[str]) -> int:
     c = cluster.Cluster(emulate.topology(args.emulate))
     if args.np and args.np != c.nranks:
         raise DDLError(f"--emulate {args.emulate} runs {c.nranks} ranks; -np {args.np} disagrees")
-    exe, kind = _mpiexec(args.mpi)
     here = _machine()
 
     def planned(workdir: str) -> tuple[launch.Plan, list[str], dict[str, str]]:
         # The job plans over the cluster's switches: its topology file travels in DDL_TOPOLOGY.
-        machine = replace(here, environ={**here.environ, "DDL_TOPOLOGY": f"{workdir}/topology.json"})
-        req = _request(args, program, None, c.rank_hosts, agent=f"{workdir}/agent.sh",
-                       iface="eth0" if c.links else "lo")
-        p = launch.plan(req, machine)
-        cmd, env = mpirun.build(kind, exe, p.job, here.root, here.cores)
-        if args.verbose:
-            _describe(p, f"--emulate {args.emulate}")
-        print(show(cmd, env), file=sys.stderr, flush=True)
-        return p, cmd, {**env, "DDL_TOPOLOGY": f"{workdir}/topology.json"}
+        topology = {"DDL_TOPOLOGY": f"{workdir}/topology.json"}
+        p, cmd, env = _prepare(args, program, f"--emulate {args.emulate}", None, c.rank_hosts,
+                               replace(here, environ={**here.environ, **topology}), agent=f"{workdir}/agent.sh",
+                               iface="eth0" if c.links else "lo")
+        return p, cmd, {**env, **topology}
 
     if args.dry_run:
         planned("<cluster>")

@@ -237,9 +237,3 @@ def from_scheduler(env=os.environ) -> tuple[str, list[Host]] | None:
         if env.get(variable):
             return name, reader(env)
     return None
-
-
-def is_local(hosts: list[Host], here: str) -> bool:
-    """True when every host is this machine (``here`` is its hostname)."""
-    return all(h.name in LOCAL_NAMES or h.name == here or h.name.split(".")[0] == here.split(".")[0]
-               for h in hosts)

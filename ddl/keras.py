@@ -49,22 +49,19 @@ def average_gradients(grads, variables, threshold: int | None = None) -> list:
     return out
 
 
-def _in_buffers(variable) -> bool:
-    from .torch import GradientBuckets
-
-    return GradientBuckets.fits(variable.value)
-
-
-def _average_in_buffers(buffers: dict, variables, grads, threshold) -> list:
+def _buffered_average(buffers: dict, variables, grads, threshold) -> list | None:
     """Torch backend: gradients live in fused buffers as the parameters' .grad (ddl.torch.GradientBuckets),
-    so the average is one in-place allreduce per buffer. With DDLCallback's zero_grad that zeroes in place,
-    backward writes straight into the buffers and nothing is copied."""
+    so the average is one in-place allreduce per buffer; with DDLCallback's zero_grad, which zeroes in place,
+    backward writes straight into the buffers and nothing is copied. None where the variables cannot live
+    there (GPU or bfloat16 tensors): the caller averages by copy."""
     from .torch import GradientBuckets
 
     params = [v.value for v in variables]
     key = tuple(id(p) for p in params)
-    if key not in buffers:
-        buffers[key] = GradientBuckets(params, threshold)
+    if key not in buffers:  # decided once per list of variables, not at every step
+        buffers[key] = GradientBuckets(params, threshold) if all(map(GradientBuckets.fits, params)) else None
+    if buffers[key] is None:
+        return None
     for p, g in zip(params, grads):
         if g is not None and g is not p.grad:  # gradients computed elsewhere (a custom train step)
             p.grad = g
@@ -97,11 +94,11 @@ def DistributedOptimizer(optimizer, threshold: int | None = None):
     def apply(grads, trainable_variables=None):
         variables = list(trainable_variables if trainable_variables is not None else optimizer._trainable_variables)
         grads = list(grads)
-        if keras.backend.backend() == "torch" and all(_in_buffers(v) for v in variables):
-            grads = _average_in_buffers(buffers, variables, grads, threshold)
-        else:
-            grads = average_gradients(grads, variables, threshold)
-        return original(grads, trainable_variables)
+        averaged = _buffered_average(buffers, variables, grads, threshold) \
+            if keras.backend.backend() == "torch" else None
+        if averaged is None:
+            averaged = average_gradients(grads, variables, threshold)
+        return original(averaged, trainable_variables)
 
     optimizer.apply = apply
     optimizer._ddl_distributed = True
