@@ -45,7 +45,7 @@ mpi: $(STAMP)
 	cd tests && ../$(PY) mpi_suite.py
 
 train: $(STAMP)
-	cd tests && KERAS_BACKEND=torch ../$(PY) mpi_suite.py --ranks 2 4 train
+	cd tests && KERAS_BACKEND=torch ../$(PY) mpi_suite.py train --ranks 2 4
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 examples
 
 cluster: $(STAMP)
