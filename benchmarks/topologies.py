@@ -94,7 +94,16 @@ def run_topology(name: str, t, sizes: list[int], rounds: int, settings: list[dic
                         "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters),
                         "--min-seconds", str(min_seconds)]
                 exe = str(Path(job["python"]).parent / "mpiexec")
-                done = cluster.mpirun(argv, mpiexec=exe, env=job["env"], timeout=900, quiet=True, capture=True)
+                for attempt in (1, 2):
+                    done = cluster.mpirun(argv, mpiexec=exe, env=job["env"], timeout=900, quiet=True, capture=True)
+                    if done.returncode == 0 or attempt == 2:
+                        break
+                    # Seen once in ~40 launches: Open MPI's daemon on another node "failed to report back"
+                    # before any rank ran. Said, and tried once more; a second failure ends the run.
+                    why = (done.stderr.strip().splitlines() or ["no output"])
+                    print(f"\n{name}: job {job['name']} failed ({done.returncode}): "
+                          f"{next((ln for ln in why if 'daemon' in ln.lower()), why[-1]).strip()}; trying once more",
+                          file=sys.stderr, flush=True)
                 if done.returncode:
                     raise RuntimeError(f"{name}: job {job['name']} failed ({done.returncode}):\n"
                                        f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
