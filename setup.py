@@ -44,6 +44,7 @@ native = Pybind11Extension(
     include_dirs=["native/include", mpi4py.get_include()],
     extra_compile_args=compile_flags + ["-O3"],
     extra_link_args=link_flags,
+    libraries=["dl"],  # CUDA and NCCL are opened at run time: the build needs neither
     cxx_std=17,
 )
 

@@ -24,7 +24,8 @@ from . import _native, discover, hierarchical, planner
 from . import topology as topo
 from .algorithms import ALLREDUCE, binomial_broadcast, recursive_doubling_allreduce, ring_allgather
 from .config import get as setting
-from .dtypes import FLOATING, native_dtype, native_op, raw
+from .device_arrays import is_device_array
+from .dtypes import FLOATING, native_dtype, native_dtype_name, native_op, native_op_name, raw
 from .errors import DDLError, MismatchError
 from .explain import Explanation, explain
 from .options import Options, parse
@@ -87,6 +88,8 @@ class Communicator:
         self._small = min(self.options.small_bytes, AGREEMENT_CAPACITY)
         if self.options.mode is not None:
             self.options.mode.check_size(size)
+        self.hosts = [r["host"] for r in reports] if reports else None  # each rank's host, in rank order
+        self._device_paths: dict = {}  # device id -> ddl.gpu.DevicePath, made on the first GPU collective
         self.topology: topo.Topology | None = None
         self._forced: planner.Plan | None = None
         try:
@@ -182,6 +185,9 @@ class Communicator:
         the MPI duplicate is kept, never freed: messages of the failed call may still be queued under its
         context id, and MPI would give that id to the next communicator, where they would match."""
         broken = self._executor is not None and not isinstance(self._executor, _Closed) and self._executor.broken
+        for path in self._device_paths.values():
+            path.close()
+        self._device_paths.clear()
         self._executor = _Closed()
         if self._mpi is not None:
             if broken:
@@ -326,6 +332,8 @@ class Communicator:
         return sig
 
     def allreduce(self, array, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
+        if is_device_array(array):
+            return self._device_allreduce(array, op, out)
         started = time.perf_counter() if self.options.dump_iter else 0.0
         a = np.asarray(array)
         sig = self._signature(a.shape, a.dtype, op)
@@ -372,6 +380,8 @@ class Communicator:
 
     def allreduce_n(self, arrays, op: str = "sum") -> list[np.ndarray]:
         """Many arrays in one allreduce per dtype: packed into one buffer, reduced, unpacked (IBM's name)."""
+        if any(is_device_array(x) for x in arrays):
+            return self._device_allreduce_n(list(arrays), op)
         arrays = [np.asarray(x) for x in arrays]
         out: list[np.ndarray | None] = [None] * len(arrays)
         groups: dict[str, list[int]] = {}
@@ -390,6 +400,8 @@ class Communicator:
 
     def broadcast(self, array, root: int = 0) -> np.ndarray:
         """A copy of root's array on every rank (any fixed-size dtype; every rank passes the same shape)."""
+        if is_device_array(array):
+            return self._device_staged("broadcast", array, lambda host: self.broadcast(host, root), f"root={root}")
         a = np.asarray(array)
         problem = _unmovable(a, "broadcast")
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
@@ -412,6 +424,8 @@ class Communicator:
 
     def allgather(self, array) -> np.ndarray:
         """Every rank's array concatenated along the first axis, in rank order (first dims may differ)."""
+        if is_device_array(array):
+            return self._device_staged("allgather", array, self.allgather, "")
         a = np.asarray(array)
         problem = _unmovable(a, "allgather")
         if a.ndim == 0:
@@ -452,6 +466,93 @@ class Communicator:
         if problem:
             raise DDLError(f"rank {self.rank}: {problem}")
         return np.array(a, order="C")
+
+    # -- GPU arrays (ddl.gpu) -----------------------------------------------------------------------------
+
+    def _device_path(self, device: int):
+        from . import gpu
+
+        path = self._device_paths.get(device)
+        if path is None:
+            path = self._device_paths[device] = gpu.DevicePath(self, device)
+        return path
+
+    def _device_ready(self) -> str | None:
+        """Loads the CUDA driver and NCCL before any collective step, so a rank without them fails in the
+        agreement round with its reason instead of leaving its peers waiting."""
+        from . import gpu
+        from .errors import DeviceError
+
+        try:
+            gpu.load_driver()
+            gpu.load_nccl()
+        except DeviceError as e:
+            return str(e)
+        return None
+
+    def _device_allreduce(self, array, op: str, out):
+        from .device_arrays import view
+
+        a = view(array, "allreduce input")
+        problem, dst = self._device_ready(), None
+        try:
+            native_dtype_name(a.dtype), native_op_name(op, a.dtype)
+            if out is not None:
+                dst = view(out, "out") if is_device_array(out) else None
+                if dst is None or (dst.shape, dst.dtype, dst.device) != (a.shape, a.dtype, a.device):
+                    raise DDLError(f"out must be a GPU array of shape {a.shape}, dtype {a.dtype} on device "
+                                   f"{a.device}")
+        except DDLError as e:
+            problem = problem or str(e)
+        text = f"allreduce(cuda, shape={a.shape}, dtype={a.dtype}, op={op})"
+        with self._lock:
+            self._agree_or_raise(text, problem)
+            dst = dst or view(a.empty(), "result")
+            if a.size:
+                self._device_path(a.device).allreduce(a, dst, op, text)
+        return dst.obj
+
+    def _device_allreduce_n(self, arrays: list, op: str) -> list:
+        """allreduce_n of GPU arrays: one allreduce per dtype on the framework's concatenation."""
+        from .device_arrays import view
+
+        views = [view(x, f"allreduce_n array {i}") if is_device_array(x) else None for i, x in enumerate(arrays)]
+        if any(v is None for v in views):
+            raise DDLError(f"rank {self.rank}: allreduce_n got GPU and host arrays together; pass one kind")
+        out: list = [None] * len(arrays)
+        groups: dict[str, list[int]] = {}
+        for i, v in enumerate(views):
+            groups.setdefault(f"{v.dtype}@{v.device}", []).append(i)
+        for key in sorted(groups):
+            idx = groups[key]
+            reduced = self._device_allreduce(_concat([arrays[i] for i in idx], views[idx[0]].framework), op, None)
+            start = 0
+            for i in idx:
+                out[i] = reduced[start:start + views[i].size].reshape(views[i].shape)
+                start += views[i].size
+        return out
+
+    def _device_staged(self, name: str, array, host_collective, extra: str):
+        """Broadcast or allgather of a GPU array, staged whole through host memory."""
+        from .device_arrays import view
+
+        a = view(array, f"{name} input")
+        shape = a.shape if name == "broadcast" else f"(*, {', '.join(map(str, a.shape[1:]))})"  # rows may differ
+        text = f"{name}(cuda, shape={shape}, dtype={a.dtype}{', ' + extra if extra else ''})"
+        with self._lock:
+            self._agree_or_raise(text, self._device_ready())
+            path = self._device_path(a.device)
+            host = path.to_host(a, text).view(np.uint16 if a.dtype == "bfloat16" else a.dtype).reshape(a.shape)
+        result = host_collective(host)
+        dst = view(a.empty(result.shape), "result")
+        path.to_device(result, dst, text)
+        return dst.obj
+
+    def _agree_or_raise(self, call: str, problem: str | None) -> None:
+        if self.size > 1:
+            self._agree(call, problem, np.empty(0, np.float32), _native.DType.float32, _native.ReduceOp.sum)
+        elif problem:
+            raise DDLError(f"rank {self.rank}: {problem}")
 
     # -- diagnostics ------------------------------------------------------------------------------------
 
@@ -495,6 +596,19 @@ class _Closed:
 
     def __getattr__(self, name):
         raise DDLError("this ddl communicator was closed (ddl.finalize() or Communicator.close())")
+
+
+def _concat(arrays: list, framework: str):
+    """One flat GPU array of many, by their own framework."""
+    if framework == "torch":
+        import torch
+
+        return torch.cat([x.reshape(-1) for x in arrays])
+    if framework == "cupy":
+        import cupy
+
+        return cupy.concatenate([x.reshape(-1) for x in arrays])
+    raise DDLError(f"allreduce_n of {type(arrays[0]).__name__} GPU arrays: ddl packs only cupy and torch arrays")
 
 
 def _unmovable(a: np.ndarray, what: str) -> str | None:

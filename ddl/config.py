@@ -37,6 +37,11 @@ SETTINGS = {
         Setting("DDL_NETWORK", "eth_10g", "link kind between discovered nodes (a name from ddl.links)"),
         Setting("DDL_FUSION_BYTES", str(128 << 20), "bytes per fused buffer when optimizers average many gradients "
                 "(ddl.fusion); 0: one buffer per dtype"),
+        Setting("DDL_NCCL_LEVELS", "auto", "GPU arrays: auto runs the innermost level over NCCL when its groups are "
+                "GPUs of one host (all of one size); 0 runs every level over MPI, staged through host memory"),
+        Setting("DDL_NCCL_LIBRARY", "", "path of libnccl.so to use (default: the nvidia-nccl-cu13/-cu12 wheel, "
+                "else the system's libnccl.so.2)"),
+        Setting("DDL_CUDA_DRIVER", "libcuda.so.1", "the CUDA driver library ddl opens for GPU arrays"),
         Setting("DDL_SMALL_BYTES", "65536", "largest payload carried in the agreement round itself (latency path)"),
     )
 }

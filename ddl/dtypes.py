@@ -34,18 +34,29 @@ def _name(dtype: np.dtype) -> str:
 
 
 def native_dtype(dtype: np.dtype) -> "_native.DType":
-    code = _DTYPES.get(_name(dtype))
-    if code is None or dtype.byteorder == ">":
+    if dtype.byteorder == ">":
         raise DDLError(f"unsupported dtype {dtype} (supported: {', '.join(_DTYPES)}, native byte order)")
+    return native_dtype_name(_name(dtype))
+
+
+def native_dtype_name(name: str) -> "_native.DType":
+    """The executor's code for a dtype given by name (GPU arrays of frameworks other than numpy)."""
+    code = _DTYPES.get(name)
+    if code is None:
+        raise DDLError(f"unsupported dtype {name} (supported: {', '.join(_DTYPES)}, native byte order)")
     return code
 
 
 def native_op(op: str, dtype: np.dtype) -> "_native.ReduceOp":
+    return native_op_name(op, _name(dtype))
+
+
+def native_op_name(op: str, dtype_name: str) -> "_native.ReduceOp":
     code = _OPS.get(op) if isinstance(op, str) else None
     if code is None:
         raise DDLError(f"unknown reduction op {op!r} (supported: {', '.join(_OPS)})")
-    if op == "avg" and _name(dtype) not in FLOATING:
-        raise DDLError(f"op 'avg' is not defined for {dtype} (integers would truncate); use 'sum' and divide")
+    if op == "avg" and dtype_name not in FLOATING:
+        raise DDLError(f"op 'avg' is not defined for {dtype_name} (integers would truncate); use 'sum' and divide")
     return code
 
 

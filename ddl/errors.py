@@ -15,3 +15,8 @@ class TransportError(DDLError):
 
 class TopologyError(DDLError, ValueError):
     """A topology file, graph or placement that is malformed or contradicts what MPI sees."""
+
+
+class DeviceError(DDLError):
+    """The GPU path cannot run here: no CUDA driver or NCCL library, or a CUDA or NCCL call failed (the
+    message names the library or call). After a failed NCCL call the group is aborted: ddl.finalize()."""

@@ -12,6 +12,8 @@
 namespace py = pybind11;
 using namespace ddl;
 
+void bind_device(py::module_& m);  // device_bindings.cpp: CUDA driver, buffers, NCCL
+
 namespace {
 
 using Rows = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
@@ -125,6 +127,7 @@ PYBIND11_MODULE(_native, m) {
   py::enum_<ReduceOp>(m, "ReduceOp")
       .value("sum", ReduceOp::sum).value("prod", ReduceOp::prod)
       .value("min", ReduceOp::min).value("max", ReduceOp::max);
+  bind_device(m);
 
   m.def("reduce_into", [](const py::buffer& dst, const py::buffer& src, DType dtype, ReduceOp op) {
     const int64_t n = elements(src, dtype);

@@ -1,0 +1,260 @@
+"""The GPU path: collectives on CUDA arrays, NCCL for the GPUs of one node, MPI (staged through pinned host
+memory) above them.
+
+An allreduce of a device array, on a tree whose innermost groups are GPUs of one host (IBM DDL's split):
+  1. NCCL reduce-scatter inside the group: member k holds the group's sum of block k (1/g of the data);
+  2. block k goes to pinned host memory in chunks on a copy stream, and each chunk is allreduced over MPI
+     among the members k of every group (ddl's own hierarchical plan over the outer levels) as soon as it has
+     arrived, then copied back: the copies of one chunk overlap the transfers of another;
+  3. NCCL all-gather inside the group.
+Every level's reduction runs where its data is: on the GPU in NCCL, on the host in the MPI levels. Broadcast
+and allgather of device arrays are staged whole through host memory.
+
+Python decides (groups, trees, chunks); the native NcclGroup queues work on ddl's streams and waits with the
+deadline. libcuda and libnccl are loaded at run time (ddl builds without CUDA); DDLError subclass DeviceError
+says what is missing.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import threading
+
+import numpy as np
+
+from . import _native, hierarchical
+from .config import get as setting
+from .device_arrays import DeviceArray
+from .dtypes import native_dtype_name, native_op_name
+from .errors import DDLError, DeviceError
+
+_LOCK = threading.Lock()
+_LIBS: dict = {}
+
+
+def nccl_candidates(environ=os.environ, paths=None) -> list[str]:
+    """Where libnccl is looked for, in order: DDL_NCCL_LIBRARY; the nvidia-nccl-cu13/-cu12 wheels on the
+    Python path; the system's libnccl.so.2 (the dynamic loader's search)."""
+    given = setting("DDL_NCCL_LIBRARY", environ)
+    if given:
+        return [given]
+    found = []
+    for entry in paths if paths is not None else sys.path:
+        found += sorted(glob.glob(os.path.join(entry or ".", "nvidia", "nccl", "lib", "libnccl.so*")))
+    return list(dict.fromkeys(found)) + ["libnccl.so.2"]
+
+
+def load_driver():
+    """The CUDA driver (libcuda, or DDL_CUDA_DRIVER), loaded once per process."""
+    with _LOCK:
+        if "driver" not in _LIBS:
+            _LIBS["driver"] = _native.CudaDriver(setting("DDL_CUDA_DRIVER"))
+        return _LIBS["driver"]
+
+
+def load_nccl(environ=os.environ):
+    """NCCL, loaded once per process from the first candidate that loads; DeviceError naming every one tried."""
+    with _LOCK:
+        if "nccl" in _LIBS:
+            return _LIBS["nccl"]
+        # Non-blocking communicators: creation and collectives return at once and ddl waits with its deadline.
+        os.environ.setdefault("NCCL_COMM_BLOCKING", "0")
+        errors = []
+        for path in nccl_candidates(environ):
+            try:
+                _LIBS["nccl"] = _native.NcclLibrary(path)
+                return _LIBS["nccl"]
+            except DeviceError as e:
+                errors.append(str(e))
+        raise DeviceError("no usable NCCL library; install the wheel (pip install 'ddl[gpu]', which brings "
+                          "nvidia-nccl-cu12) or set DDL_NCCL_LIBRARY. Tried: " + "; ".join(errors))
+
+
+# -- decisions (pure) ---------------------------------------------------------------------------------------
+
+def nccl_groups(tree, hosts: list[str] | None, levels: str = "auto") -> list[list[int]]:
+    """The NCCL groups: the tree's innermost groups when each lies on one host (GPUs of one node) and all have
+    the same size (every member k then has a partner k in every other group); otherwise, or with
+    ``levels == "0"``, groups of one rank (every level over MPI)."""
+    ranks = hierarchical.leaves(tree)
+    singles = [[r] for r in sorted(ranks)]
+    if levels == "0":
+        return singles
+    if levels != "auto":
+        raise DDLError(f"DDL_NCCL_LEVELS={levels!r}: expected auto or 0")
+    inner = _innermost(tree)
+    on_one_host = hosts is None or all(len({hosts[r] for r in g}) == 1 for g in inner)
+    if not on_one_host or len({len(g) for g in inner}) != 1:
+        return singles
+    return inner
+
+
+def _innermost(tree) -> list[list[int]]:
+    if all(isinstance(c, int) for c in tree):
+        return [list(tree)]
+    return [g for c in tree for g in _innermost(c)]
+
+
+def cross_tree(tree, groups: list[list[int]], position: int):
+    """The tree the members ``position`` of every group reduce over: each innermost group replaced by that
+    member, ranks renumbered in rank order (the order MPI_Comm_split gives with key = rank)."""
+    if all(len(g) == 1 for g in groups):
+        return tree
+
+    def collapse(t):
+        return t[position] if all(isinstance(c, int) for c in t) else [collapse(c) for c in t]
+
+    outer = collapse(tree)
+    if isinstance(outer, int):  # one group: nothing above it
+        return [0]
+    order = {r: i for i, r in enumerate(sorted(hierarchical.leaves(outer)))}
+
+    def renumber(t):
+        return order[t] if isinstance(t, int) else [renumber(c) for c in t]
+
+    return renumber(outer)
+
+
+def shard(count: int, group_size: int, member: int) -> tuple[int, int, int]:
+    """(elements per member, padded length, valid elements of ``member``'s block) for a reduce-scatter of
+    ``count`` elements: NCCL needs equal blocks, so the buffer is padded to a multiple of the group size and
+    the padding is never staged or returned."""
+    per = -(-count // group_size) if count else 0
+    valid = max(0, min(count - member * per, per))
+    return per, per * group_size, valid
+
+
+def chunks(valid: int, itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """(offset, count) in elements of the staged pieces of a block: the unit of copy/transfer overlap."""
+    per = max(1, chunk_bytes // itemsize)
+    return [(o, min(per, valid - o)) for o in range(0, valid, per)]
+
+
+# -- execution ----------------------------------------------------------------------------------------------
+
+class DevicePath:
+    """One communicator's GPU machinery for one device, built on its first device collective: the NCCL group
+    (id made by its first member, sent over MPI), the communicator of the outer levels, ddl's buffers."""
+
+    def __init__(self, comm, device: int):
+        if comm._mpi is None and comm.size > 1:
+            raise DeviceError(f"rank {comm.rank}: collectives on GPU arrays need an MPI communicator")
+        self.comm, self.device = comm, device
+        self.driver = load_driver()
+        nccl = load_nccl()
+        groups = nccl_groups(comm.tree, comm.hosts, setting("DDL_NCCL_LEVELS"))
+        mine = next(g for g in groups if comm.rank in g)
+        self.position = mine.index(comm.rank)
+        inner = comm._mpi.Split(groups.index(mine), comm.rank) if comm._mpi is not None else None
+        try:
+            uid = nccl.unique_id() if self.position == 0 else None
+            uid = inner.bcast(uid, root=0) if inner is not None else uid
+        finally:
+            if inner is not None:
+                inner.Free()
+        self.group = _native.NcclGroup(nccl, self.driver, device, uid, len(mine), self.position,
+                                       comm.options.timeout)
+        if len(mine) == 1:
+            self.outer = comm  # every level over MPI: the communicator's own plan
+        else:
+            from .communicator import Communicator
+
+            sub = comm._mpi.Split(self.position, comm.rank)
+            self.outer = Communicator(_native.Executor.mpi(sub) if sub.size > 1 else None, sub.rank, sub.size,
+                                      comm.options, mpi_comm=sub, hierarchy=cross_tree(comm.tree, groups,
+                                                                                      self.position))
+        self._work: _native.DeviceBuffer | None = None
+        self._pinned: _native.PinnedBuffer | None = None
+
+    def close(self) -> None:
+        if self.outer is not self.comm:
+            self.outer.close()
+        self.group = None
+
+    def _work_buffer(self, nbytes: int):
+        if self._work is None or self._work.nbytes < nbytes:
+            self._work = None
+            self._work = _native.DeviceBuffer(self.driver, self.device, nbytes)
+        return self._work
+
+    def _pinned_buffer(self, nbytes: int) -> np.ndarray:
+        if self._pinned is None or self._pinned.nbytes < nbytes:
+            self._pinned = None
+            self._pinned = _native.PinnedBuffer(self.driver, max(nbytes, 1 << 20))
+        return np.frombuffer(self._pinned, np.uint8)
+
+    # -- collectives (the caller holds the communicator's lock and has run the agreement round) -------------
+
+    def allreduce(self, src: DeviceArray, dst: DeviceArray, op: str, label: str) -> None:
+        """dst = allreduce(src), both on this device (they may be the same array)."""
+        g, es = self.group, src.itemsize
+        dtype, rop = native_dtype_name(src.dtype), native_op_name(op, src.dtype)
+        per, padded, valid = shard(src.size, g.nranks, self.position)
+        in_place = padded == src.size  # no padding: dst itself is the work buffer
+        work = dst.ptr if in_place else self._work_buffer(padded * es).ptr
+        g.after(src.stream)
+        if dst.stream != src.stream:
+            g.after(dst.stream)
+        if work != src.ptr:
+            g.copy_dd(work, src.ptr, src.nbytes)
+        outer = self.outer.size > 1
+        average = op == "avg"
+        g.reduce_scatter(work, per, dtype, rop, average and not outer)
+        if outer and valid:
+            self._stage(work + (self.position * per) * es, valid, src.dtype, dtype, rop,
+                        1.0 / self.comm.size if average else 1.0, label)
+        g.all_gather(work, per, dtype)
+        if work != dst.ptr:
+            g.copy_dd(dst.ptr, work, dst.nbytes)
+        g.before(dst.stream)
+
+    def _stage(self, block: int, valid: int, dtype_name: str, dtype, rop, factor: float, label: str) -> None:
+        """The outer levels on this member's block: pieces go to the host and back on the copy stream while
+        MPI reduces the piece before; the work stream then waits for the last copy back."""
+        g, es = self.group, _native_itemsize(dtype_name)
+        host = self._pinned_buffer(valid * es)
+        pieces = chunks(valid, es, _chunk_bytes(valid * es))
+        tickets = [g.to_host(self._pinned.ptr + o * es, block + o * es, n * es) for o, n in pieces]
+        for (o, n), t in zip(pieces, tickets):
+            g.wait(t, f"{label}: copy to the host")
+            part = host[o * es:(o + n) * es].view(_host_view(dtype_name))
+            self.outer._run_allreduce(part, dtype, rop, label)
+            if factor != 1.0:
+                _native.scale(part, dtype, factor)
+            g.to_device(block + o * es, self._pinned.ptr + o * es, n * es)
+        g.work_after_copies()
+
+    def to_host(self, src: DeviceArray, label: str) -> np.ndarray:
+        """A host copy of a device array (for the staged broadcast and allgather)."""
+        host = self._pinned_buffer(src.nbytes)
+        g = self.group
+        g.after(src.stream)
+        g.wait(g.to_host(self._pinned.ptr, src.ptr, src.nbytes), f"{label}: copy to the host")
+        return host[:src.nbytes].copy()
+
+    def to_device(self, data: np.ndarray, dst: DeviceArray, label: str) -> None:
+        """Host bytes into a device array, ordered before the caller's next work on dst's stream."""
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if raw.nbytes != dst.nbytes:
+            raise DDLError(f"rank {self.comm.rank}: {label}: {raw.nbytes} bytes for a {dst.nbytes}-byte array")
+        host = self._pinned_buffer(raw.nbytes)
+        host[:raw.nbytes] = raw
+        g = self.group
+        g.after(dst.stream)
+        g.wait(g.to_device(dst.ptr, self._pinned.ptr, raw.nbytes), f"{label}: copy to the device")
+        g.before(dst.stream)
+
+
+def _chunk_bytes(nbytes: int) -> int:
+    """Staging pieces: at least 4 for blocks from 4 MiB (copies overlap transfers), 1-4 MiB each."""
+    return min(4 << 20, max(1 << 20, nbytes // 4))
+
+
+def _native_itemsize(name: str) -> int:
+    return np.dtype(_host_view(name)).itemsize
+
+
+def _host_view(name: str):
+    """The numpy dtype a staged piece is viewed as (bfloat16 travels as its 16-bit words)."""
+    return np.uint16 if name == "bfloat16" else np.dtype(name)

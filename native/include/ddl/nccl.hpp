@@ -1,0 +1,98 @@
+// NCCL for the levels whose members are GPUs of one node: the few entry points ddl uses, declared here (NCCL's
+// C ABI) and bound at run time from the nvidia-nccl-cu12/-cu13 wheel or the system's libnccl.so.2.
+//
+// Communicators are created non-blocking (NCCL_COMM_BLOCKING=0, set by ddl before NCCL is loaded): creation and
+// collectives return at once and ddl polls with its deadline, so a rank that never arrives is an error that
+// names the group, not a hang. A failed or timed-out communicator is aborted.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddl/cuda_driver.hpp"
+#include "ddl/dynlib.hpp"
+#include "ddl/reduce.hpp"
+
+namespace ddl::nccl {
+
+struct UniqueId {
+  char internal[128];
+};
+using Comm = struct CommSt*;
+using Result = int;
+constexpr Result kSuccess = 0;
+constexpr Result kInProgress = 7;
+
+struct Library {
+  explicit Library(const std::string& path);
+  int version = 0;  // e.g. 22703 for 2.27.3
+
+  Result (*ncclGetVersion)(int*);
+  Result (*ncclGetUniqueId)(UniqueId*);
+  Result (*ncclCommInitRank)(Comm*, int, UniqueId, int);
+  Result (*ncclCommDestroy)(Comm);
+  Result (*ncclCommAbort)(Comm);
+  Result (*ncclCommGetAsyncError)(Comm, Result*);
+  const char* (*ncclGetErrorString)(Result);
+  const char* (*ncclGetLastError)(Comm);  // NCCL >= 2.13; optional
+  Result (*ncclReduceScatter)(const void*, void*, size_t, int, int, Comm, cuda::Stream);
+  Result (*ncclAllGather)(const void*, void*, size_t, int, Comm, cuda::Stream);
+  Result (*ncclBroadcast)(const void*, void*, size_t, int, int, Comm, cuda::Stream);
+
+  std::string error_text(Result rc, Comm comm) const;
+
+ private:
+  DynLib lib_;
+};
+
+// NCCL's codes for ddl's dtypes and ops (throws for a combination NCCL lacks).
+int dtype_code(DType t);
+int op_code(ReduceOp op, bool average);
+
+// One rank's NCCL communicator for its group, with ddl's own streams on the group's device:
+//   work  - NCCL collectives and device copies, ordered after the caller's stream;
+//   copy  - device<->host staging, so copies overlap the MPI transfers of other chunks.
+// Every wait polls with a deadline; a timeout aborts the communicator.
+class Group {
+ public:
+  Group(std::shared_ptr<Library> lib, std::shared_ptr<cuda::Driver> drv, int device, const UniqueId& id,
+        int nranks, int rank, double timeout_s);
+  ~Group();
+  int nranks() const { return nranks_; }
+  int rank() const { return rank_; }
+  int device() const { return device_; }
+  bool broken() const { return broken_; }
+
+  void after(uintptr_t caller_stream);   // work waits for what the caller queued so far
+  void before(uintptr_t caller_stream);  // the caller's stream waits for ddl's queued work
+  void copy_dd(uintptr_t dst, uintptr_t src, size_t nbytes);
+  // In place: the group's block of `count` elements of `buf` ends up at buf + rank * count.
+  void reduce_scatter(uintptr_t buf, size_t count, DType t, ReduceOp op, bool average);
+  void all_gather(uintptr_t buf, size_t count, DType t);  // in place, inverse layout of reduce_scatter
+  void broadcast(uintptr_t buf, size_t nbytes, int root);
+  // Staging on the copy stream, after the work queued so far; returns a ticket for wait().
+  size_t to_host(void* host, uintptr_t dev, size_t nbytes);
+  size_t to_device(uintptr_t dev, const void* host, size_t nbytes);
+  void wait(size_t ticket, const std::string& what);  // polls the ticket's event with the deadline
+  void work_after_copies();                             // work waits for every copy queued so far
+  void synchronize(const std::string& what);            // waits for everything ddl queued
+
+ private:
+  void check(Result rc, const std::string& what);
+  void settle(const std::string& what);  // non-blocking NCCL: wait until the last call is queued
+  size_t record(cuda::Stream s);
+  [[noreturn]] void fail(const std::string& what);
+
+  std::shared_ptr<Library> lib_;
+  std::shared_ptr<cuda::Driver> drv_;
+  int device_, nranks_, rank_;
+  double timeout_s_;
+  Comm comm_ = nullptr;
+  cuda::Stream work_ = nullptr, copy_ = nullptr;
+  std::vector<cuda::Event> events_;  // reused ring of events for tickets
+  size_t next_event_ = 0;
+  bool broken_ = false;
+};
+
+}  // namespace ddl::nccl

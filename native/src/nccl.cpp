@@ -1,0 +1,205 @@
+#include "ddl/nccl.hpp"
+
+#include <stdexcept>
+#include <thread>
+
+namespace ddl::nccl {
+
+Library::Library(const std::string& path) : lib_(path, "NCCL") {
+  lib_.bind(ncclGetVersion, "ncclGetVersion");
+  lib_.bind(ncclGetUniqueId, "ncclGetUniqueId");
+  lib_.bind(ncclCommInitRank, "ncclCommInitRank");
+  lib_.bind(ncclCommDestroy, "ncclCommDestroy");
+  lib_.bind(ncclCommAbort, "ncclCommAbort");
+  lib_.bind(ncclCommGetAsyncError, "ncclCommGetAsyncError");
+  lib_.bind(ncclGetErrorString, "ncclGetErrorString");
+  lib_.bind(ncclGetLastError, "ncclGetLastError", false);
+  lib_.bind(ncclReduceScatter, "ncclReduceScatter");
+  lib_.bind(ncclAllGather, "ncclAllGather");
+  lib_.bind(ncclBroadcast, "ncclBroadcast");
+  if (ncclGetVersion(&version) != kSuccess) throw LibraryError("NCCL " + path + ": ncclGetVersion failed");
+  if (version < 21400)  // non-blocking communicators (NCCL_COMM_BLOCKING) and bfloat16 need 2.14
+    throw LibraryError("NCCL " + path + " is version " + std::to_string(version) + "; ddl needs 2.14 or newer");
+}
+
+std::string Library::error_text(Result rc, Comm comm) const {
+  std::string text = ncclGetErrorString(rc);
+  const char* last = ncclGetLastError ? ncclGetLastError(comm) : nullptr;
+  if (last && *last) text += std::string(": ") + last;
+  return text;
+}
+
+int dtype_code(DType t) {
+  switch (t) {
+    case DType::float16: return 6;
+    case DType::bfloat16: return 9;
+    case DType::float32: return 7;
+    case DType::float64: return 8;
+    case DType::int32: return 2;
+    case DType::int64: return 4;
+    case DType::uint8: return 1;
+  }
+  throw std::invalid_argument("no NCCL type for this dtype");
+}
+
+int op_code(ReduceOp op, bool average) {
+  if (average) {
+    if (op != ReduceOp::sum) throw std::invalid_argument("average is a sum, then a scale");
+    return 4;  // ncclAvg
+  }
+  switch (op) {
+    case ReduceOp::sum: return 0;
+    case ReduceOp::prod: return 1;
+    case ReduceOp::max: return 2;
+    case ReduceOp::min: return 3;
+  }
+  throw std::invalid_argument("no NCCL op for this reduction");
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+constexpr size_t kMaxTickets = 1024;
+}  // namespace
+
+Group::Group(std::shared_ptr<Library> lib, std::shared_ptr<cuda::Driver> drv, int device, const UniqueId& id,
+             int nranks, int rank, double timeout_s)
+    : lib_(std::move(lib)), drv_(std::move(drv)), device_(device), nranks_(nranks), rank_(rank),
+      timeout_s_(timeout_s) {
+  cuda::use_device(*drv_, device_);
+  drv_->check(drv_->cuStreamCreate(&work_, cuda::kStreamNonBlocking), "cuStreamCreate");
+  drv_->check(drv_->cuStreamCreate(&copy_, cuda::kStreamNonBlocking), "cuStreamCreate");
+  Result rc = lib_->ncclCommInitRank(&comm_, nranks_, id, rank_);
+  if (rc != kSuccess && rc != kInProgress)
+    fail("ncclCommInitRank (rank " + std::to_string(rank_) + " of " + std::to_string(nranks_) + "): " +
+         lib_->error_text(rc, comm_));
+  settle("creating the NCCL communicator (rank " + std::to_string(rank_) + " of " + std::to_string(nranks_) +
+         "; a member of the group never joined?)");
+}
+
+Group::~Group() {
+  try {
+    cuda::use_device(*drv_, device_);
+  } catch (...) {
+  }
+  if (comm_) (broken_ ? lib_->ncclCommAbort(comm_) : lib_->ncclCommDestroy(comm_));
+  for (cuda::Event e : events_) drv_->cuEventDestroy(e);
+  if (work_) drv_->cuStreamDestroy(work_);
+  if (copy_) drv_->cuStreamDestroy(copy_);
+}
+
+void Group::fail(const std::string& what) {
+  if (comm_ && !broken_) lib_->ncclCommAbort(comm_);  // stop kernels that wait for peers that will not come
+  comm_ = nullptr;
+  broken_ = true;
+  throw DeviceError("NCCL group: " + what);
+}
+
+void Group::check(Result rc, const std::string& what) {
+  if (broken_) throw DeviceError("NCCL group is unusable after an earlier failure; call ddl.finalize()");
+  if (rc != kSuccess && rc != kInProgress) fail(what + ": " + lib_->error_text(rc, comm_));
+  settle(what);
+}
+
+void Group::settle(const std::string& what) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+  while (true) {
+    Result state = kSuccess;
+    Result rc = lib_->ncclCommGetAsyncError(comm_, &state);
+    if (rc != kSuccess) fail(what + ": ncclCommGetAsyncError: " + lib_->error_text(rc, comm_));
+    if (state == kSuccess) return;
+    if (state != kInProgress) fail(what + ": " + lib_->error_text(state, comm_));
+    if (Clock::now() > deadline) fail(what + ": no progress for " + std::to_string(timeout_s_) + " s (DDL_TIMEOUT)");
+    std::this_thread::yield();
+  }
+}
+
+void Group::after(uintptr_t caller_stream) {
+  next_event_ = 0;  // tickets live for one collective
+  size_t t = record(reinterpret_cast<cuda::Stream>(caller_stream));
+  drv_->check(drv_->cuStreamWaitEvent(work_, events_[t], 0), "cuStreamWaitEvent");
+}
+
+void Group::before(uintptr_t caller_stream) {
+  for (cuda::Stream s : {work_, copy_}) {
+    size_t t = record(s);
+    drv_->check(drv_->cuStreamWaitEvent(reinterpret_cast<cuda::Stream>(caller_stream), events_[t], 0),
+                "cuStreamWaitEvent");
+  }
+}
+
+size_t Group::record(cuda::Stream s) {
+  if (next_event_ == kMaxTickets) throw DeviceError("NCCL group: more than 1024 staged copies in one call");
+  if (next_event_ == events_.size()) {
+    cuda::Event e = nullptr;
+    drv_->check(drv_->cuEventCreate(&e, cuda::kEventDisableTiming), "cuEventCreate");
+    events_.push_back(e);
+  }
+  drv_->check(drv_->cuEventRecord(events_[next_event_], s), "cuEventRecord");
+  return next_event_++;
+}
+
+void Group::copy_dd(uintptr_t dst, uintptr_t src, size_t nbytes) {
+  if (nbytes) drv_->check(drv_->cuMemcpyDtoDAsync(dst, src, nbytes, work_), "cuMemcpyDtoDAsync");
+}
+
+void Group::reduce_scatter(uintptr_t buf, size_t count, DType t, ReduceOp op, bool average) {
+  const size_t es = dtype_size(t);
+  check(lib_->ncclReduceScatter(reinterpret_cast<void*>(buf), reinterpret_cast<void*>(buf + rank_ * count * es),
+                                count, dtype_code(t), op_code(op, average), comm_, work_),
+        "ncclReduceScatter of " + std::to_string(count) + " elements per rank");
+}
+
+void Group::all_gather(uintptr_t buf, size_t count, DType t) {
+  const size_t es = dtype_size(t);
+  check(lib_->ncclAllGather(reinterpret_cast<void*>(buf + rank_ * count * es), reinterpret_cast<void*>(buf), count,
+                            dtype_code(t), comm_, work_),
+        "ncclAllGather of " + std::to_string(count) + " elements per rank");
+}
+
+void Group::broadcast(uintptr_t buf, size_t nbytes, int root) {
+  check(lib_->ncclBroadcast(reinterpret_cast<void*>(buf), reinterpret_cast<void*>(buf), nbytes, 1, root, comm_,
+                            work_),
+        "ncclBroadcast of " + std::to_string(nbytes) + " bytes");
+}
+
+size_t Group::to_host(void* host, uintptr_t dev, size_t nbytes) {
+  size_t w = record(work_);
+  drv_->check(drv_->cuStreamWaitEvent(copy_, events_[w], 0), "cuStreamWaitEvent");
+  if (nbytes) drv_->check(drv_->cuMemcpyDtoHAsync(host, dev, nbytes, copy_), "cuMemcpyDtoHAsync");
+  return record(copy_);
+}
+
+size_t Group::to_device(uintptr_t dev, const void* host, size_t nbytes) {
+  if (nbytes) drv_->check(drv_->cuMemcpyHtoDAsync(dev, host, nbytes, copy_), "cuMemcpyHtoDAsync");
+  return record(copy_);
+}
+
+void Group::work_after_copies() {
+  size_t c = record(copy_);
+  drv_->check(drv_->cuStreamWaitEvent(work_, events_[c], 0), "cuStreamWaitEvent");
+}
+
+void Group::wait(size_t ticket, const std::string& what) {
+  if (ticket >= next_event_) throw std::invalid_argument("NCCL group: unknown ticket");
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+  while (true) {
+    cuda::Result rc = drv_->cuEventQuery(events_[ticket]);
+    if (rc == cuda::kSuccess) return;
+    if (rc != cuda::kNotReady) drv_->check(rc, "cuEventQuery (" + what + ")");
+    if (comm_) {  // an NCCL kernel queued before this event may have failed
+      Result state = kSuccess;
+      lib_->ncclCommGetAsyncError(comm_, &state);
+      if (state != kSuccess && state != kInProgress) fail(what + ": " + lib_->error_text(state, comm_));
+    }
+    if (Clock::now() > deadline)
+      fail(what + ": the GPU made no progress for " + std::to_string(timeout_s_) + " s (DDL_TIMEOUT)");
+    std::this_thread::yield();
+  }
+}
+
+void Group::synchronize(const std::string& what) {
+  work_after_copies();
+  wait(record(work_), what);
+}
+
+}  // namespace ddl::nccl
