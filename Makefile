@@ -26,6 +26,7 @@ $(STAMP): setup.py pyproject.toml $(wildcard ddl/*.py topology/*.json native/*.c
 	$(PY) -m pip install --quiet $(MPI)  # the MPI wheel first: the build takes its mpicxx
 	$(PY) -m pip install --quiet "$(TORCH)"
 	$(PY) -m pip install --quiet ".[test,train]"
+	$(PY) -m pip install --quiet nvidia-nccl-cu12 nvidia-ml-py  # the GPU path's loaders are tested without a GPU
 	touch $(STAMP)
 
 bench: $(STAMP)

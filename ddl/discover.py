@@ -46,38 +46,74 @@ def _cpulist(text: str) -> set[int]:
     return out
 
 
-def nvml_gpus() -> list[dict]:
-    """[{"bus": PCI bus id, "nvlink": {peer bus id: links}}] for this host's GPUs; [] without NVML."""
+def nvml_gpus(nvml=None) -> list[dict]:
+    """This host's GPUs as NVML reports them, [] without NVML (nvidia-ml-py) or a driver. Per GPU: "bus" (PCI
+    bus id), "numa" (NUMA node, None if unknown), "pcie" (link generation), "nvlink" ({peer GPU bus id: links}),
+    "nvlink_version", "switch_links" (links into NVSwitches), "cpu_links" (NVLink to the CPU, as on Power9)."""
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            return []
     try:
-        import pynvml
-    except ImportError:
-        return []
-    try:
-        pynvml.nvmlInit()
+        nvml.nvmlInit()
     except Exception:  # no driver, no device: a CPU machine
         return []
     try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            bus = _text(pynvml.nvmlDeviceGetPciInfo(h).busId)
-            peers: dict[str, int] = {}
-            for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
-                try:
-                    if pynvml.nvmlDeviceGetNvLinkState(h, link):
-                        remote = _text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)
-                        peers[remote] = peers.get(remote, 0) + 1
-                except Exception:  # link absent or NVLink unsupported
-                    break
-            gpus.append({"bus": bus, "nvlink": peers})
-        return gpus
+        return [_nvml_gpu(nvml, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())]
     except Exception:
         return []
     finally:
         try:
-            pynvml.nvmlShutdown()
+            nvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def _nvml_gpu(nvml, h) -> dict:
+    bus = _bus(nvml.nvmlDeviceGetPciInfo(h).busId)
+    gpu = {"bus": bus, "numa": _gpu_numa(nvml, h, bus), "pcie": _optional(nvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
+           "nvlink": {}, "nvlink_version": None, "switch_links": 0, "cpu_links": 0}
+    kinds = {getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2): "switch_links",
+             getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_IBMNPU", 1): "cpu_links"}
+    for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            if not nvml.nvmlDeviceGetNvLinkState(h, link):
+                continue
+        except Exception:  # past this GPU's last link, or no NVLink at all
+            break
+        gpu["nvlink_version"] = gpu["nvlink_version"] or _optional(nvml.nvmlDeviceGetNvLinkVersion, h, link)
+        remote = _optional(nvml.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
+        if remote in kinds:
+            gpu[kinds[remote]] += 1
+        else:
+            peer = _bus(nvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)
+            gpu["nvlink"][peer] = gpu["nvlink"].get(peer, 0) + 1
+    return gpu
+
+
+def _optional(fn, *args):
+    try:
+        return fn(*args)
+    except Exception:  # not supported by this GPU or NVML version
+        return None
+
+
+def _bus(x) -> str:
+    """NVML's bus ids are 8-digit domains ("00000000:07:00.0"); sysfs uses 4 ("0000:07:00.0"). Keep sysfs's."""
+    text = _text(x).lower()
+    domain, _, rest = text.partition(":")
+    return f"{domain[-4:]}:{rest}" if rest else text
+
+
+def _gpu_numa(nvml, h, bus: str) -> int | None:
+    node = _optional(getattr(nvml, "nvmlDeviceGetNumaNodeId", lambda h: None), h)
+    if node is None or node < 0:
+        try:
+            node = int(open(f"/sys/bus/pci/devices/{bus}/numa_node").read())
+        except (OSError, ValueError):
+            return None
+    return node if node >= 0 else None
 
 
 def _text(x) -> str:
@@ -98,13 +134,7 @@ def build(reports: list[dict], environ=os.environ) -> Topology:
         node = t.add(h, "node", parents.get(h), {"kind": network} if parents.get(h) else None, host=h)
         gpus = reports[ranks[0]]["gpus"]
         if gpus and len(ranks) <= len(gpus):
-            ids = [t.add(f"{h}/gpu{i}", "gpu", node, {"kind": "pcie3"}) for i in range(len(gpus))]
-            bus = {g["bus"]: i for i, g in enumerate(gpus)}
-            for i, g in enumerate(gpus):
-                for peer, n in g["nvlink"].items():
-                    j = bus.get(peer)
-                    if j is not None and i < j:
-                        t.link(ids[i], ids[j], "nvlink2", n)
+            ids = _gpu_node(t, h, node, gpus)
             for k, r in enumerate(ranks):
                 placement[r] = ids[k]
             continue
@@ -125,6 +155,42 @@ def build(reports: list[dict], environ=os.environ) -> Topology:
                 placement[r] = node
     t.placement = placement  # type: ignore[assignment]
     return t.validate()
+
+
+def _gpu_node(t: Topology, h: str, node: str, gpus: list[dict]) -> list[str]:
+    """A host's GPUs under their sockets (the NUMA nodes NVML gives) or an NVSwitch, named as the machine
+    files name them ({host}/cpu{n}, {host}/nvswitch, {host}/gpu{i}), with NVLink of the version NVML reports."""
+    numa = sorted({g.get("numa") for g in gpus} - {None})
+    sockets = ({n: t.add(f"{h}/cpu{k}", "cpu", node, {"kind": "shm"}) for k, n in enumerate(numa)}
+               if len(numa) > 1 else {})  # named in order: Power9's NUMA nodes are 0 and 8
+    cpus = list(sockets.values())
+    for i in range(len(cpus)):
+        for j in range(i + 1, len(cpus)):
+            t.link(cpus[i], cpus[j], "upi")
+    version = next((g["nvlink_version"] for g in gpus if g.get("nvlink_version")), 2)
+    nvlink = f"nvlink{min(max(int(version), 1), 4)}"
+    switch = (t.add(f"{h}/nvswitch", "switch", node, {"kind": _pcie(gpus[0])}, level="nvswitch")
+              if any(g.get("switch_links") for g in gpus) else None)
+    ids = []
+    for i, g in enumerate(gpus):
+        if switch is not None:
+            parent, up = switch, {"kind": nvlink, "links": g["switch_links"]}
+        else:
+            parent = sockets.get(g.get("numa"), node)
+            up = {"kind": nvlink, "links": g["cpu_links"]} if g.get("cpu_links") else {"kind": _pcie(g)}
+        ids.append(t.add(f"{h}/gpu{i}", "gpu", parent, up))
+    bus = {g["bus"]: i for i, g in enumerate(gpus)}
+    for i, g in enumerate(gpus):
+        for peer, n in g["nvlink"].items():
+            j = bus.get(peer)
+            if j is not None and i < j:
+                t.link(ids[i], ids[j], nvlink, n)
+    return ids
+
+
+def _pcie(gpu: dict) -> str:
+    gen = gpu.get("pcie")
+    return f"pcie{gen}" if gen in (3, 4, 5) else "pcie3"
 
 
 def _switches(t: Topology, hosts: list[str], network: str, environ) -> dict[str, str]:

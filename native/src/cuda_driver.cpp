@@ -40,7 +40,7 @@ void Driver::check(Result rc, const std::string& what) const {
 
 void use_device(const Driver& d, int device) {
   if (device < 0 || device >= d.devices)
-    throw std::invalid_argument("CUDA device " + std::to_string(device) + " does not exist (this process sees " +
+    throw DeviceError("CUDA device " + std::to_string(device) + " does not exist (this process sees " +
                                 std::to_string(d.devices) + ")");
   Device dev = 0;
   Context ctx = nullptr;

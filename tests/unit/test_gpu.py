@@ -1,0 +1,173 @@
+"""The GPU path's parts that need no GPU: library loading and its errors, the decisions (groups, trees, shards,
+pieces), how device arrays are recognised and read. The orchestration under MPI is in tests/mpi/test_gpu_staged.py;
+real GPUs in tests/gpu."""
+import glob
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ddl
+from ddl import _native, gpu
+from ddl.device_arrays import is_device_array, view
+from ddl.errors import DDLError, DeviceError
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fakes import FakeDeviceArray, build  # noqa: E402
+
+REAL_NCCL = [p for p in gpu.nccl_candidates({}) if os.path.isabs(p)]
+
+
+@pytest.fixture
+def fakes(tmp_path, monkeypatch):
+    env = build(str(tmp_path))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(gpu, "_LIBS", {})
+    return env
+
+
+def test_missing_driver_and_nccl_are_named(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu, "_LIBS", {})
+    monkeypatch.setenv("DDL_CUDA_DRIVER", str(tmp_path / "libcuda.so.1"))
+    with pytest.raises(DeviceError, match="cannot load the CUDA driver library .*libcuda.so.1"):
+        gpu.load_driver()
+    monkeypatch.setenv("DDL_NCCL_LIBRARY", str(tmp_path / "libnccl.so.2"))
+    with pytest.raises(DeviceError, match=r"no usable NCCL library; install .*Tried: cannot load the NCCL library"):
+        gpu.load_nccl()
+
+
+def test_a_library_without_the_entry_points_is_refused_naming_one(tmp_path, monkeypatch):
+    lib = tmp_path / "libempty.so"
+    src = tmp_path / "empty.c"
+    src.write_text("int nothing_here(void) { return 0; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    with pytest.raises(DeviceError, match="has no ncclGetVersion"):
+        _native.NcclLibrary(str(lib))
+    with pytest.raises(DeviceError, match="has no cuInit"):
+        _native.CudaDriver(str(lib))
+
+
+def test_no_device_and_old_nccl_are_refused(fakes, monkeypatch):
+    monkeypatch.setenv("FAKE_CUDA_DEVICES", "0")
+    with pytest.raises(DeviceError, match="cuInit .*no CUDA-capable device"):
+        _native.CudaDriver(fakes["DDL_CUDA_DRIVER"])
+    monkeypatch.setenv("FAKE_NCCL_VERSION", "21305")
+    with pytest.raises(DeviceError, match="version 21305; ddl needs 2.14"):
+        _native.NcclLibrary(fakes["DDL_NCCL_LIBRARY"])
+
+
+def test_a_group_that_never_forms_times_out_instead_of_hanging(fakes, monkeypatch):
+    monkeypatch.setenv("FAKE_NCCL_HANG", "1")
+    lib, drv = _native.NcclLibrary(fakes["DDL_NCCL_LIBRARY"]), _native.CudaDriver(fakes["DDL_CUDA_DRIVER"])
+    with pytest.raises(DeviceError, match="creating the NCCL communicator.*no progress for 0.2"):
+        _native.NcclGroup(lib, drv, 0, lib.unique_id(), 1, 0, 0.2)
+    with pytest.raises(DeviceError, match="device 3 does not exist"):
+        _native.NcclGroup(lib, drv, 3, lib.unique_id(), 1, 0, 1.0)
+    with pytest.raises(ValueError, match="128 bytes"):
+        _native.NcclGroup(lib, drv, 0, b"short", 1, 0, 1.0)
+
+
+@pytest.mark.skipif(not REAL_NCCL, reason="no nvidia-nccl wheel installed")
+def test_the_real_nccl_wheel_loads_without_a_gpu():
+    lib = _native.NcclLibrary(REAL_NCCL[0])
+    assert lib.version >= 21400
+    a, b = lib.unique_id(), lib.unique_id()
+    assert len(a) == 128 and a != b
+
+
+def test_nccl_is_looked_for_in_the_setting_then_wheels_then_the_system(tmp_path):
+    wheel = tmp_path / "site" / "nvidia" / "nccl" / "lib"
+    wheel.mkdir(parents=True)
+    (wheel / "libnccl.so.2").write_bytes(b"")
+    assert gpu.nccl_candidates({}, [str(tmp_path / "site")]) == [str(wheel / "libnccl.so.2"), "libnccl.so.2"]
+    assert gpu.nccl_candidates({"DDL_NCCL_LIBRARY": "/x/libnccl.so"}, [str(tmp_path / "site")]) == ["/x/libnccl.so"]
+
+
+# -- decisions ----------------------------------------------------------------------------------------------
+
+def test_nccl_groups_are_the_innermost_groups_when_each_is_one_host():
+    tree = [[0, 1], [2, 3]]
+    assert gpu.nccl_groups(tree, ["a", "a", "b", "b"]) == [[0, 1], [2, 3]]
+    assert gpu.nccl_groups([[0, 2], [1, 3]], ["a", "b", "a", "b"]) == [[0, 2], [1, 3]]  # round-robin placement
+    assert gpu.nccl_groups(tree, ["a", "b", "a", "b"]) == [[0], [1], [2], [3]]  # a group spans hosts
+    assert gpu.nccl_groups([[0, 1, 2], [3, 4]], ["a"] * 3 + ["b"] * 2) == [[r] for r in range(5)]  # uneven
+    assert gpu.nccl_groups(tree, None, "0") == [[0], [1], [2], [3]]
+    assert gpu.nccl_groups([0, 1, 2], ["a"] * 3) == [[0, 1, 2]]  # one host, flat
+    with pytest.raises(DDLError, match="DDL_NCCL_LEVELS='2'"):
+        gpu.nccl_groups(tree, None, "2")
+
+
+def test_cross_tree_keeps_the_outer_levels_for_each_member():
+    racks = [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]  # 2 racks x 2 nodes x 2 GPUs
+    groups = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    # members 1 of every node are ranks 1, 3, 5, 7: cross ranks 0..3, still in two racks
+    assert gpu.cross_tree(racks, groups, 1) == [[0, 1], [2, 3]]
+    assert gpu.cross_tree([[0, 2], [1, 3]], [[0, 2], [1, 3]], 0) == [0, 1]
+    assert gpu.cross_tree([0, 1, 2], [[0, 1, 2]], 2) == [0]
+    assert gpu.cross_tree(racks, [[r] for r in range(8)], 0) == racks
+
+
+@pytest.mark.parametrize("count,g", [(0, 4), (1, 4), (10, 4), (12, 4), (7, 1), (1000003, 8)])
+def test_shards_cover_the_buffer_once(count, g):
+    blocks = [gpu.shard(count, g, k) for k in range(g)]
+    per, padded, _ = blocks[0]
+    assert padded % g == 0 and padded - count < g and padded >= count
+    assert sum(valid for _, _, valid in blocks) == count
+    covered = np.zeros(padded, np.int32)
+    for k, (_, _, valid) in enumerate(blocks):
+        covered[k * per:k * per + valid] += 1
+    assert covered[:count].tolist() == [1] * count and not covered[count:].any()
+
+
+@pytest.mark.parametrize("valid,itemsize,chunk", [(0, 4, 16), (10, 4, 16), (10, 4, 40), (11, 2, 6), (3, 8, 1)])
+def test_pieces_tile_the_block(valid, itemsize, chunk):
+    pieces = gpu.chunks(valid, itemsize, chunk)
+    assert sum(n for _, n in pieces) == valid
+    assert all(o == sum(n for _, n in pieces[:i]) for i, (o, _) in enumerate(pieces))
+    assert all(0 < n * itemsize <= max(chunk, itemsize) for _, n in pieces)
+
+
+# -- device arrays ------------------------------------------------------------------------------------------
+
+def test_host_arrays_are_not_device_arrays():
+    assert not is_device_array(np.ones(3))
+    assert not is_device_array([1.0, 2.0])
+    assert is_device_array(FakeDeviceArray(np.ones(3)))
+
+
+def test_a_cpu_dlpack_capsule_is_read_but_refused_as_device_memory():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)[1:]
+    info = _native.dlpack_info(a.__dlpack__())
+    assert info["ptr"] == a.__array_interface__["data"][0]
+    assert info["shape"] == (2, 4) and (info["code"], info["bits"], info["lanes"]) == (2, 32, 1)
+
+    class CpuOnly:
+        def __dlpack__(self, stream=None):
+            return a.__dlpack__()
+
+        def __dlpack_device__(self):
+            return (2, 0)  # claims CUDA, hands out host memory
+
+    with pytest.raises(DDLError, match="not in GPU memory"):
+        view(CpuOnly())
+
+
+def test_device_array_views_see_pointer_shape_dtype_stream():
+    x = np.zeros((3, 5), np.int64)
+    v = view(FakeDeviceArray(x, stream=2))
+    assert (v.ptr, v.shape, v.dtype, v.device, v.stream) == (x.__array_interface__["data"][0], (3, 5), "int64", 0, 2)
+    assert view(FakeDeviceArray(x)).stream == 0  # no stream named: the legacy default stream
+    with pytest.raises(DDLError, match="not C-contiguous"):
+        view(FakeDeviceArray(x[:, 1:]))
+
+
+def test_without_a_gpu_ddl_says_why_on_a_device_call(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu, "_LIBS", {})
+    monkeypatch.setenv("DDL_CUDA_DRIVER", str(tmp_path / "nothing.so"))
+    comm = ddl.Communicator(None, 0, 1)
+    with pytest.raises(DDLError, match="cannot load the CUDA driver library"):
+        comm.allreduce(FakeDeviceArray(np.ones(4, np.float32)))
+    assert comm.allreduce(np.ones(4, np.float32)).tolist() == [1.0] * 4  # host arrays are unaffected
