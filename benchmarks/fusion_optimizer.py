@@ -10,8 +10,6 @@ DDL_FUSION_BYTES, 128 MiB: one here; Keras on torch averages the same way), the 
 (the stateless path, as Keras on other backends: fused, copied in and out); and one allreduce per tensor.
 Target (issue 6): fused communication per step <= 1.1 x the single allreduce. Median over repeats.
 """
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -94,38 +92,18 @@ def report(results: dict, n: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--np", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--out", help="also write the table to this file")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        results = worker(args.repeats)
-        import ddl
-
-        if ddl.rank() == 0:
-            sys.stdout.write(json.dumps(results) + "\n")
-        return 0
-    from ddl import mpirun
-
-    results = mpirun.worker_json(args.np, [sys.executable, os.path.abspath(__file__), "--worker",
-                                           "--repeats", str(args.repeats)])
-    if results is None:
-        return 1
+def note(args) -> str:
     import platform
 
-    text = report(results, args.np) + (
-        f"\n\nCommand: `python benchmarks/fusion_optimizer.py --np {args.np} --repeats {args.repeats}` on "
-        f"{os.cpu_count()} cores ({platform.machine()}), ranks on one host over shared memory, "
-        f"{os.path.basename(os.path.dirname(os.path.dirname(sys.executable)))}. The machine is oversubscribed and "
-        "noisy: see the spread of repeated runs in the closing note of issue 6.")
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    return 0
+    return (f"on {os.cpu_count()} cores ({platform.machine()}), ranks on one host over shared memory, "
+            f"{os.path.basename(os.path.dirname(os.path.dirname(sys.executable)))}. The machine is oversubscribed "
+            "and noisy: see the spread of repeated runs in the closing note of issue 6.")
+
+
+def main() -> int:
+    from ddl.bench import self_launched
+
+    return self_launched(__file__, __doc__, worker, report, repeats=7, note=note)
 
 
 if __name__ == "__main__":

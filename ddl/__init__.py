@@ -14,12 +14,12 @@ import os
 
 from . import options as _options
 from .communicator import Communicator
-from .errors import DDLError, MismatchError, TransportError
+from .errors import DDLError, DeviceError, MismatchError, TransportError
 
 __all__ = [
     "init", "finalize", "initialized", "communicator", "rank", "size", "local_rank", "local_size", "num_hosts",
     "allreduce", "allreduce_n", "broadcast", "bcast", "allgather", "barrier", "explain",
-    "DDLError", "MismatchError", "TransportError", "Communicator", "__version__",
+    "DDLError", "DeviceError", "MismatchError", "TransportError", "Communicator", "__version__",
     "DDLCallback", "DDLGlobalVariablesCallback",
 ]
 
@@ -104,7 +104,8 @@ def allreduce(array, op: str = "sum", out=None):
     """Reduces ``array`` across ranks with op 'sum', 'avg', 'prod', 'min' or 'max'. Returns a new array of
     the same shape and dtype, or writes ``out`` (which may be ``array`` itself, for in place). Non-contiguous
     input is copied first. dtypes: float16, bfloat16 (ml_dtypes), float32, float64, int32, int64; 'avg' is
-    for floating types only."""
+    for floating types only. GPU arrays (cupy, torch CUDA tensors, __cuda_array_interface__) stay on their
+    device, ordered after the caller's current stream (see ddl.gpu)."""
     return communicator().allreduce(array, op, out)
 
 

@@ -180,6 +180,39 @@ def bandwidth(nbytes: int, us: float, n: int) -> tuple[float, float]:
     return algbw, algbw * (2 * (n - 1) / n if n > 1 else 1.0)
 
 
+def self_launched(script: str, doc: str, worker, report, repeats: int = 7, note=None) -> int:
+    """main() of a benchmark script that launches itself under mpiexec: ``worker(repeats)`` runs on every rank
+    (rank 0's dict comes back as JSON), ``report(results, nranks)`` makes the table, printed and written to
+    --out with the command (and ``note(args)``, if given) under it."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--np", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=repeats)
+    ap.add_argument("--out", help="also write the table to this file")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        results = worker(args.repeats)
+        import ddl
+
+        if ddl.rank() == 0:
+            sys.stdout.write(json.dumps(results) + "\n")
+        return 0
+    from . import mpirun
+
+    results = mpirun.worker_json(args.np, [sys.executable, os.path.abspath(script), "--worker",
+                                           "--repeats", str(args.repeats)])
+    if results is None:
+        return 1
+    name = os.path.relpath(os.path.abspath(script))
+    text = (report(results, args.np) + f"\n\nCommand: `python {name} --np {args.np} --repeats {args.repeats}`"
+            + (f" {note(args)}" if note else "") + "\n")
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    return 0
+
+
 def sizes(begin: int, end: int, factor: float) -> list[int]:
     out, s = [], begin
     while s <= end:

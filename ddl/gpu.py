@@ -174,15 +174,20 @@ class DevicePath:
 
     def _work_buffer(self, nbytes: int):
         if self._work is None or self._work.nbytes < nbytes:
-            self._work = None
+            self._work = self._retire(self._work, "growing ddl's device buffer")
             self._work = _native.DeviceBuffer(self.driver, self.device, nbytes)
         return self._work
 
     def _pinned_buffer(self, nbytes: int) -> np.ndarray:
         if self._pinned is None or self._pinned.nbytes < nbytes:
-            self._pinned = None
+            self._pinned = self._retire(self._pinned, "growing ddl's pinned buffer")
             self._pinned = _native.PinnedBuffer(self.driver, max(nbytes, 1 << 20))
         return np.frombuffer(self._pinned, np.uint8)
+
+    def _retire(self, old, why: str) -> None:
+        """Copies queued by earlier calls may still use a buffer: wait for them before it is freed."""
+        if old is not None:
+            self.group.synchronize(why)
 
     # -- collectives (the caller holds the communicator's lock and has run the agreement round) -------------
 
@@ -239,16 +244,18 @@ class DevicePath:
         if raw.nbytes != dst.nbytes:
             raise DDLError(f"rank {self.comm.rank}: {label}: {raw.nbytes} bytes for a {dst.nbytes}-byte array")
         host = self._pinned_buffer(raw.nbytes)
-        host[:raw.nbytes] = raw
         g = self.group
+        g.synchronize(f"{label}: earlier copies from the pinned buffer")  # before the host overwrites it
+        host[:raw.nbytes] = raw
         g.after(dst.stream)
         g.wait(g.to_device(dst.ptr, self._pinned.ptr, raw.nbytes), f"{label}: copy to the device")
         g.before(dst.stream)
 
 
 def _chunk_bytes(nbytes: int) -> int:
-    """Staging pieces: at least 4 for blocks from 4 MiB (copies overlap transfers), 1-4 MiB each."""
-    return min(4 << 20, max(1 << 20, nbytes // 4))
+    """Staging pieces: at least 4 for blocks from 4 MiB (copies overlap transfers), 1-4 MiB each, and never
+    more than 256 (each takes two of the group's 1024 events)."""
+    return max(min(4 << 20, max(1 << 20, nbytes // 4)), -(-nbytes // 256))
 
 
 def _native_itemsize(name: str) -> int:

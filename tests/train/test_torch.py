@@ -20,7 +20,7 @@ def make_model(seed: int) -> torch.nn.Module:
 
 
 def flat(tensors) -> np.ndarray:
-    return np.concatenate([t.detach().reshape(-1).double().numpy() for t in tensors])
+    return np.concatenate([t.detach().reshape(-1).double().cpu().numpy() for t in tensors])
 
 
 def optimizer_state(opt) -> np.ndarray:
@@ -58,15 +58,21 @@ def test_broadcast_makes_models_and_optimizer_state_identical():
 
 
 def test_distributed_optimizer_matches_one_process_on_the_global_batch():
+    train_and_compare("cpu")
+
+
+def train_and_compare(device: str) -> None:
+    """5 steps of SGD with momentum: DistributedOptimizer on each rank's shard against one process on the
+    global batch (also run by tests/gpu with device="cuda")."""
     p, r = ddl.size(), ddl.rank()
     rng = np.random.default_rng(7)
-    x = torch.from_numpy(rng.standard_normal((p * 8 * 5, 12)).astype(np.float32))
-    y = torch.from_numpy(rng.integers(0, 3, p * 8 * 5))
+    x = torch.from_numpy(rng.standard_normal((p * 8 * 5, 12)).astype(np.float32)).to(device)
+    y = torch.from_numpy(rng.integers(0, 3, p * 8 * 5)).to(device)
     loss_fn = torch.nn.CrossEntropyLoss()
 
-    reference = make_model(seed=1)  # one process, global batches of 8p rows
+    reference = make_model(seed=1).to(device)  # one process, global batches of 8p rows
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-    model = make_model(seed=1)
+    model = make_model(seed=1).to(device)
     opt = dt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     assert isinstance(opt, torch.optim.SGD)
     for step in range(5):
@@ -74,7 +80,7 @@ def test_distributed_optimizer_matches_one_process_on_the_global_batch():
         ref_opt.zero_grad()
         loss_fn(reference(x[rows]), y[rows]).backward()
         ref_opt.step()
-        shard = torch.arange(rows.start + r, rows.stop, p)  # this rank's 8 rows of the global batch
+        shard = torch.arange(rows.start + r, rows.stop, p, device=device)  # this rank's 8 rows of the batch
         opt.zero_grad()
         loss_fn(model(x[shard]), y[shard]).backward()
         opt.step()

@@ -1,7 +1,6 @@
 """The GPU path's parts that need no GPU: library loading and its errors, the decisions (groups, trees, shards,
 pieces), how device arrays are recognised and read. The orchestration under MPI is in tests/mpi/test_gpu_staged.py;
 real GPUs in tests/gpu."""
-import glob
 import os
 import subprocess
 import sys

@@ -1,0 +1,149 @@
+"""ddl on real GPUs (marker gpu; skipped where there is none): cupy and torch inputs, every dtype and op,
+results on the same device, stream order, the MPI levels staged through pinned memory (every rank its own
+node: DDL_NCCL_LEVELS=0) and NCCL groups of several processes on one GPU (DDL_NCCL_LEVELS=auto)."""
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import ddl
+from ddl.errors import DDLError
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.rank, COMM.size
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
+
+try:
+    from ddl import gpu as _gpu
+    _DRIVER = _gpu.load_driver()
+    HAVE_GPU = _DRIVER.devices > 0
+except DDLError:
+    HAVE_GPU = False
+if not HAVE_GPU:
+    pytest.skip("no GPU here", allow_module_level=True)
+
+from test_collectives import OPS, assert_reduced, contribution, valid  # noqa: E402  (tests/mpi on the path)
+
+FRAMEWORKS = ["cupy", "torch"]
+DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64"]
+SIZES = [0, 1, 10007, (6 << 20) // 4 + 3]
+
+
+def numpy_dtype(name):
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16 if name == "bfloat16" else np.dtype(name)
+
+
+def to_device(framework, host):
+    if framework == "cupy":
+        cupy = pytest.importorskip("cupy")
+        return cupy.asarray(host)
+    torch = pytest.importorskip("torch")
+    if host.dtype.name == "bfloat16":
+        return torch.from_numpy(host.astype(np.float32)).to(torch.bfloat16).cuda()
+    return torch.from_numpy(host).cuda()
+
+
+def to_host(framework, x):
+    if framework == "cupy":
+        return x.get()
+    if str(x.dtype) == "torch.bfloat16":
+        import ml_dtypes
+
+        return x.float().cpu().numpy().astype(ml_dtypes.bfloat16)
+    return x.cpu().numpy()
+
+
+def device_of(framework, x):
+    return x.device.id if framework == "cupy" else x.device.index
+
+
+@pytest.fixture(scope="module", params=["0", "auto"], ids=["mpi-levels", "nccl-groups"])
+def world(request):
+    os.environ["DDL_NCCL_LEVELS"] = request.param
+    ddl.finalize()
+    # nccl-groups: pairs of ranks form a "node" (one NCCL group), the pairs talk over MPI
+    tree = [list(range(i, min(i + 2, SIZE))) for i in range(0, SIZE, 2)] if SIZE > 1 else None
+    ddl.init(COMM, options="-timeout 60", hierarchy=tree if request.param == "auto" and SIZE % 2 == 0 else None)
+    yield request.param
+    ddl.finalize()
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("n", SIZES)
+def test_allreduce_on_the_device(world, framework, dtype, op, n):
+    if not valid(numpy_dtype(dtype), op):
+        pytest.skip("avg is refused for integers")
+    if framework == "cupy" and dtype == "bfloat16":
+        pytest.skip("cupy has no bfloat16")
+    host = contribution(RANK, n, numpy_dtype(dtype), op)
+    x = to_device(framework, host)
+    result = ddl.allreduce(x, op)
+    assert type(result) is type(x) and device_of(framework, result) == device_of(framework, x)
+    assert_reduced(to_host(framework, result), n, numpy_dtype(dtype), op)
+    assert np.array_equal(to_host(framework, x).view(np.uint8), host.view(np.uint8))  # input untouched
+    ddl.allreduce(x, op, out=x)
+    assert_reduced(to_host(framework, x), n, numpy_dtype(dtype), op)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_broadcast_allgather_and_allreduce_n(world, framework):
+    root = SIZE - 1
+    got = ddl.broadcast(to_device(framework, np.full(5, RANK, np.int64)), root=root)
+    assert to_host(framework, got).tolist() == [root] * 5
+    rows = to_device(framework, np.full((RANK + 1, 3), RANK, np.float32))
+    want = np.concatenate([np.full((r + 1, 3), r, np.float32) for r in range(SIZE)])
+    assert np.array_equal(to_host(framework, ddl.allgather(rows)), want)
+    a, b = np.arange(7, dtype=np.float32) + RANK, np.full((2, 2), RANK + 1, np.float64)
+    ra, rb = ddl.allreduce_n([to_device(framework, a), to_device(framework, b)])
+    assert np.array_equal(to_host(framework, ra), sum(np.arange(7, dtype=np.float32) + r for r in range(SIZE)))
+    assert np.array_equal(to_host(framework, rb), np.full((2, 2), SIZE * (SIZE + 1) / 2))
+
+
+def test_ddl_follows_and_precedes_the_callers_stream(world):
+    """Work queued on a side stream before the call is seen by ddl; work queued after it sees the result."""
+    torch = pytest.importorskip("torch")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x = torch.zeros(1 << 22, device="cuda")
+        torch.cuda._sleep(50_000_000)  # keeps the stream busy, so a ddl that ignored it would read zeros
+        x.fill_(RANK + 1)
+        ddl.allreduce(x, out=x)
+        y = x * 2
+    side.synchronize()
+    assert float(y[0]) == float(y[-1]) == SIZE * (SIZE + 1)
+
+
+def test_mismatched_device_calls_raise_everywhere(world):
+    if SIZE == 1:
+        pytest.skip("needs peers")
+    torch = pytest.importorskip("torch")
+    x = torch.ones(8, device="cuda", dtype=torch.float32 if RANK else torch.float64)
+    with pytest.raises(ddl.MismatchError):
+        ddl.allreduce(x)
+    assert float(ddl.allreduce(torch.ones(4, device="cuda"))[0]) == SIZE
+
+
+def test_torch_distributed_optimizer_on_cuda_matches_one_process(world):
+    """ddl.torch with CUDA parameters: gradients in fused device buffers, averaged by the GPU path."""
+    pytest.importorskip("torch")
+    from test_torch import train_and_compare
+
+    train_and_compare("cuda")
+
+
+def test_torch_tensor_helpers_stay_on_the_device(world):
+    torch = pytest.importorskip("torch")
+    import ddl.torch as dt
+
+    t = torch.full((3, 4), float(RANK + 1), device="cuda").t()  # not contiguous
+    dt.allreduce_(t, "sum")
+    assert t.is_cuda and float(t[0, 0]) == SIZE * (SIZE + 1) / 2
+    b = dt.broadcast(torch.full((5,), float(RANK), device="cuda"), root=0)
+    assert b.is_cuda and b.tolist() == [0.0] * 5
+    g = dt.allgather(torch.full((1, 2), float(RANK), device="cuda"))
+    assert g.is_cuda and g[:, 0].tolist() == [float(r) for r in range(SIZE)]
