@@ -166,6 +166,13 @@ class DevicePath:
                                                                                       self.position))
         self._work: _native.DeviceBuffer | None = None
         self._pinned: _native.PinnedBuffer | None = None
+        # Detected and reported; the MPI levels stage either way (device pointers to MPI would need the
+        # executor's reductions on the GPU).
+        self.cuda_aware_mpi = {1: "yes", 0: "no"}.get(_native.mpi_cuda_support(), "unknown")
+        if comm.options.dbg_level >= 1 and comm.rank == 0:
+            print(f"[ddl] GPU path on device {device}: NCCL {nccl.version}, groups of {len(mine)} rank(s), "
+                  f"outer levels over MPI ({self.outer.size} ranks per position) staged through pinned memory; "
+                  f"MPI CUDA-aware: {self.cuda_aware_mpi}", file=sys.stderr)
 
     def close(self) -> None:
         if self.outer is not self.comm:

@@ -3,6 +3,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <dlfcn.h>
+
 #include <cstring>
 
 #include "ddl/cuda_driver.hpp"
@@ -59,6 +61,20 @@ py::dict dlpack_info(const py::capsule& cap) {
   return out;
 }
 
+// Whether the MPI library in this process passes device pointers itself: Open MPI's MPIX_Query_cuda_support,
+// MPICH's MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA = 0). Looked up at run time, as neither is standard.
+// 1 yes, 0 no, -1 the library does not say.
+int mpi_cuda_support() {
+  using OpenMpiQuery = int (*)();
+  using MpichQuery = int (*)(int, int*);
+  if (auto q = reinterpret_cast<OpenMpiQuery>(dlsym(RTLD_DEFAULT, "MPIX_Query_cuda_support"))) return q() ? 1 : 0;
+  if (auto q = reinterpret_cast<MpichQuery>(dlsym(RTLD_DEFAULT, "MPIX_GPU_query_support"))) {
+    int yes = 0;
+    return q(0, &yes) == 0 ? (yes ? 1 : 0) : -1;
+  }
+  return -1;
+}
+
 }  // namespace
 
 void bind_device(py::module_& m) {
@@ -73,6 +89,9 @@ void bind_device(py::module_& m) {
 
   m.def("dlpack_info", &dlpack_info, py::arg("capsule"),
         "ptr, device_type, device_id, shape, strides (elements, None: C order), code, bits, lanes of a capsule.");
+
+  m.def("mpi_cuda_support", &mpi_cuda_support,
+        "1 if the MPI in this process is CUDA-aware, 0 if not, -1 if it does not say (query it after MPI_Init).");
 
   py::class_<cuda::Driver, std::shared_ptr<cuda::Driver>>(m, "CudaDriver")
       .def(py::init<const std::string&>(), py::arg("path"), "Loads libcuda (dlopen) and initialises it.")

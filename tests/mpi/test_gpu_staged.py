@@ -13,7 +13,7 @@ from mpi4py import MPI
 from test_collectives import DTYPES, OPS, assert_reduced, contribution, name, valid
 
 import ddl
-from ddl import DDLError, MismatchError, gpu
+from ddl import DDLError, MismatchError, _native, gpu
 from ddl.communicator import Communicator
 from ddl.errors import DeviceError
 from fakes import FakeDeviceArray, build, read
@@ -125,3 +125,16 @@ def test_groups_larger_than_nccl_allows_fail_with_nccl_message():
     finally:
         os.environ["DDL_NCCL_LEVELS"] = "0"
         comm.close()
+
+
+@pytest.mark.mpi
+def test_cuda_awareness_of_mpi_is_detected():
+    """Open MPI answers through MPIX_Query_cuda_support: the PyPI wheel is built without CUDA."""
+    answer = _native.mpi_cuda_support()
+    assert answer in (-1, 0, 1)
+    if MPI.Get_library_version().startswith("Open MPI"):
+        assert answer == 0
+    x = np.ones(1)
+    ddl.allreduce(FakeDeviceArray(x), out=FakeDeviceArray(x))  # makes the device path if no test did yet
+    path = ddl.communicator()._device_paths[0]
+    assert path.cuda_aware_mpi == {1: "yes", 0: "no", -1: "unknown"}[answer]

@@ -117,3 +117,18 @@ def test_nvml_that_fails_to_start_means_no_gpus():
             raise RuntimeError("NVML_ERROR_DRIVER_NOT_LOADED")
 
     assert discover.nvml_gpus(Broken([], [], [], 2)) == []
+
+
+def test_two_discovered_dgx_h100_nodes_give_nccl_one_group_per_node():
+    """Discovery -> tree -> the GPU path's split: NCCL inside each node (NVLink-priced level), MPI between."""
+    from ddl import gpu
+
+    gpus = discover.nvml_gpus(DGX_H100)
+    reports = [{"host": h, "numa": None, "gpus": gpus} for h in ("dgx-a", "dgx-b") for _ in range(8)]
+    found = discover.build(reports)
+    tree, levels = found.hierarchy(found.place([r["host"] for r in reports], 16))
+    assert tree == [list(range(8)), list(range(8, 16))]
+    assert levels[0].link.startswith("nvlink4") and levels[0].bandwidth > 10 * levels[1].bandwidth
+    groups = gpu.nccl_groups(tree, [r["host"] for r in reports])
+    assert groups == [list(range(8)), list(range(8, 16))]
+    assert gpu.cross_tree(tree, groups, 3) == [0, 1]  # GPU 3 of each node: one MPI pair
