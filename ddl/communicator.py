@@ -493,9 +493,9 @@ class Communicator:
     def _device_allreduce(self, array, op: str, out):
         from .device_arrays import view
 
-        a = view(array, "allreduce input")
-        problem, dst = self._device_ready(), None
+        problem, a, dst = self._device_ready(), None, None
         try:
+            a = view(array, "allreduce input")
             native_dtype_name(a.dtype), native_op_name(op, a.dtype)
             if out is not None:
                 dst = view(out, "out") if is_device_array(out) else None
@@ -504,7 +504,8 @@ class Communicator:
                                    f"{a.device}")
         except DDLError as e:
             problem = problem or str(e)
-        text = f"allreduce(cuda, shape={a.shape}, dtype={a.dtype}, op={op})"
+        # An unusable input still takes part in the agreement round (as its error), so every rank raises.
+        text = problem if a is None else f"allreduce(cuda, shape={a.shape}, dtype={a.dtype}, op={op})"
         with self._lock:
             self._agree_or_raise(text, problem)
             dst = dst or view(a.empty(), "result")
@@ -536,11 +537,15 @@ class Communicator:
         """Broadcast or allgather of a GPU array, staged whole through host memory."""
         from .device_arrays import view
 
-        a = view(array, f"{name} input")
-        shape = a.shape if name == "broadcast" else f"(*, {', '.join(map(str, a.shape[1:]))})"  # rows may differ
-        text = f"{name}(cuda, shape={shape}, dtype={a.dtype}{', ' + extra if extra else ''})"
+        problem = self._device_ready()
+        try:
+            a = view(array, f"{name} input")
+        except DDLError as e:  # still takes part in the agreement round, as its error
+            a, problem = None, str(e)
+        shape = a and (a.shape if name == "broadcast" else f"(*, {', '.join(map(str, a.shape[1:]))})")  # rows vary
+        text = f"{name}(cuda, shape={shape}, dtype={a and a.dtype}{', ' + extra if extra else ''})"
         with self._lock:
-            self._agree_or_raise(text, self._device_ready())
+            self._agree_or_raise(text, problem)
             path = self._device_path(a.device)
             host = path.to_host(a, text).view(np.uint16 if a.dtype == "bfloat16" else a.dtype).reshape(a.shape)
         result = host_collective(host)

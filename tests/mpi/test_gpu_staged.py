@@ -109,6 +109,12 @@ def test_non_contiguous_and_mismatched_out_are_refused():
         ddl.allreduce(FakeDeviceArray(x[:, ::2]))
     with pytest.raises(DDLError, match="out must be a GPU array of shape"):
         ddl.allreduce(FakeDeviceArray(x), out=FakeDeviceArray(np.ones(3, np.float32)))
+    # on one rank only: that rank still takes part, so every rank raises at once instead of waiting
+    with pytest.raises(DDLError, match="not C-contiguous" if SIZE == 1 else "ranks called ddl differently"):
+        ddl.allreduce(FakeDeviceArray(x[:, ::2] if RANK == 0 else x))
+    with pytest.raises(DDLError, match="not C-contiguous" if SIZE == 1 else "ranks called ddl differently"):
+        ddl.broadcast(FakeDeviceArray(x[:, ::2] if RANK == 0 else x))
+    assert ddl.allreduce(np.ones(2))[0] == SIZE
 
 
 @pytest.mark.mpi
