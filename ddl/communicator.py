@@ -24,7 +24,7 @@ from . import _native, discover, hierarchical, planner
 from . import topology as topo
 from .algorithms import ALLREDUCE, binomial_broadcast, recursive_doubling_allreduce, ring_allgather
 from .config import get as setting
-from .device_arrays import is_device_array
+from .device_arrays import host_dtype, is_device_array
 from .dtypes import FLOATING, native_dtype, native_dtype_name, native_op, native_op_name, raw
 from .errors import DDLError, MismatchError
 from .explain import Explanation, explain
@@ -547,7 +547,7 @@ class Communicator:
         with self._lock:
             self._agree_or_raise(text, problem)
             path = self._device_path(a.device)
-            host = path.to_host(a, text).view(np.uint16 if a.dtype == "bfloat16" else a.dtype).reshape(a.shape)
+            host = path.to_host(a, text).view(host_dtype(a.dtype)).reshape(a.shape)
         result = host_collective(host)
         dst = view(a.empty(result.shape), "result")
         path.to_device(result, dst, text)

@@ -90,6 +90,11 @@ class CudaArray:
         return f"CudaArray(shape={self.shape}, dtype={self.dtype}, device={self.device})"
 
 
+def host_dtype(name: str) -> np.dtype:
+    """The numpy dtype a host copy of a device array is viewed as (bfloat16 travels as its 16-bit words)."""
+    return np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
+
+
 def is_device_array(x) -> bool:
     """True for arrays that live in GPU memory (cheap: numpy arrays and lists answer at once)."""
     if isinstance(x, (np.ndarray, list, tuple, int, float)) or x is None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _native, hierarchical
 from .config import get as setting
-from .device_arrays import DeviceArray
+from .device_arrays import DeviceArray, host_dtype
 from .dtypes import native_dtype_name, native_op_name
 from .errors import DDLError, DeviceError
 
@@ -192,7 +192,8 @@ class DevicePath:
         return np.frombuffer(self._pinned, np.uint8)
 
     def _retire(self, old, why: str) -> None:
-        """Copies queued by earlier calls may still use a buffer: wait for them before it is freed."""
+        """Waits for copies queued by earlier calls that may still use ``old``; returns None, which the caller
+        stores to free it before allocating the larger one."""
         if old is not None:
             self.group.synchronize(why)
 
@@ -214,23 +215,24 @@ class DevicePath:
         average = op == "avg"
         g.reduce_scatter(work, per, dtype, rop, average and not outer)
         if outer and valid:
-            self._stage(work + (self.position * per) * es, valid, src.dtype, dtype, rop,
+            self._stage(work + (self.position * per) * es, valid, es, host_dtype(src.dtype), dtype, rop,
                         1.0 / self.comm.size if average else 1.0, label)
         g.all_gather(work, per, dtype)
         if work != dst.ptr:
             g.copy_dd(dst.ptr, work, dst.nbytes)
         g.before(dst.stream)
 
-    def _stage(self, block: int, valid: int, dtype_name: str, dtype, rop, factor: float, label: str) -> None:
+    def _stage(self, block: int, valid: int, es: int, view_as: np.dtype, dtype, rop, factor: float,
+               label: str) -> None:
         """The outer levels on this member's block: pieces go to the host and back on the copy stream while
         MPI reduces the piece before; the work stream then waits for the last copy back."""
-        g, es = self.group, _native_itemsize(dtype_name)
+        g = self.group
         host = self._pinned_buffer(valid * es)
         pieces = chunks(valid, es, _chunk_bytes(valid * es))
         tickets = [g.to_host(self._pinned.ptr + o * es, block + o * es, n * es) for o, n in pieces]
         for (o, n), t in zip(pieces, tickets):
             g.wait(t, f"{label}: copy to the host")
-            part = host[o * es:(o + n) * es].view(_host_view(dtype_name))
+            part = host[o * es:(o + n) * es].view(view_as)
             self.outer._run_allreduce(part, dtype, rop, label)
             if factor != 1.0:
                 _native.scale(part, dtype, factor)
@@ -263,12 +265,3 @@ def _chunk_bytes(nbytes: int) -> int:
     """Staging pieces: at least 4 for blocks from 4 MiB (copies overlap transfers), 1-4 MiB each, and never
     more than 256 (each takes two of the group's 1024 events)."""
     return max(min(4 << 20, max(1 << 20, nbytes // 4)), -(-nbytes // 256))
-
-
-def _native_itemsize(name: str) -> int:
-    return np.dtype(_host_view(name)).itemsize
-
-
-def _host_view(name: str):
-    """The numpy dtype a staged piece is viewed as (bfloat16 travels as its 16-bit words)."""
-    return np.uint16 if name == "bfloat16" else np.dtype(name)

@@ -147,17 +147,13 @@ def average_gradients(parameters, threshold: int | None = None) -> None:
 
 
 def _average_on_device(grads: list[torch.Tensor], threshold: int | None) -> None:
-    """GPU gradients averaged in place, packed per device and dtype into buffers of at most ``threshold``."""
+    """GPU gradients averaged in place, fused per device and dtype into buffers of at most ``threshold``."""
     keys = [f"{g.dtype}@{g.device}" for g in grads]
     sizes = [g.numel() * g.element_size() for g in grads]
     for bucket in fusion.buckets(sizes, keys, fusion.threshold_bytes(threshold)):
-        flat = torch.cat([grads[i].detach().reshape(-1) for i in bucket])
-        allreduce_(flat, "avg")
-        start = 0
-        for i in bucket:
-            n = grads[i].numel()
-            _copy_into(grads[i], flat[start:start + n])
-            start += n
+        reduced = ddl.communicator().allreduce_n([grads[i].detach() for i in bucket], "avg")
+        for i, values in zip(bucket, reduced):
+            _copy_into(grads[i], values)
 
 
 class GradientBuckets:
