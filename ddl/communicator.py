@@ -283,15 +283,16 @@ class Communicator:
         """ddl's own allreduce of a contiguous 1-D buffer, in place, with no agreement round."""
         if flat.size == 0:
             return
-
-        def build():
-            choice = self.plan_for(flat.nbytes)
-            return compile_blocks(lambda n: planner.program(self.rank, choice, n), flat.size,
-                                  max(1, choice.block_bytes // flat.itemsize), choice.inflight,
-                                  planner.label(choice))
-
-        plan = self._plan(("allreduce", flat.size, flat.itemsize), build)
+        plan = self._allreduce_plan(flat.size, flat.itemsize)
         self._executor.run(plan.native, raw(flat), dtype, op, self.options.timeout, label)
+
+    def _allreduce_plan(self, count: int, itemsize: int) -> CompiledPlan:
+        def build():
+            choice = self.plan_for(count * itemsize)
+            return compile_blocks(lambda n: planner.program(self.rank, choice, n), count,
+                                  max(1, choice.block_bytes // itemsize), choice.inflight, planner.label(choice))
+
+        return self._plan(("allreduce", count, itemsize), build)
 
     def _fused(self, nbytes: int) -> bool:
         """Small payloads ride in the agreement round where recursive doubling is what the plan would do

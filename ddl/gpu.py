@@ -3,15 +3,16 @@ memory) above them.
 
 An allreduce of a device array, on a tree whose innermost groups are GPUs of one host (IBM DDL's split):
   1. NCCL reduce-scatter inside the group: member k holds the group's sum of block k (1/g of the data);
-  2. block k goes to pinned host memory in chunks on a copy stream, and each chunk is allreduced over MPI
-     among the members k of every group (ddl's own hierarchical plan over the outer levels) as soon as it has
-     arrived, then copied back: the copies of one chunk overlap the transfers of another;
+  2. block k is allreduced over MPI among the members k of every group (ddl's own hierarchical plan over the
+     outer levels) in pinned host memory: the executor starts each of the plan's pipeline blocks once its copy
+     from the GPU has landed and queues its copy back as soon as it is reduced, so copies in both directions
+     overlap the transfers of other blocks and the pipeline never restarts (native run_staged);
   3. NCCL all-gather inside the group.
 Every level's reduction runs where its data is: on the GPU in NCCL, on the host in the MPI levels. Broadcast
 and allgather of device arrays are staged whole through host memory.
 
-Python decides (groups, trees, chunks); the native NcclGroup queues work on ddl's streams and waits with the
-deadline. libcuda and libnccl are loaded at run time (ddl builds without CUDA); DDLError subclass DeviceError
+Python decides (groups, trees, the plan and its blocks); the native NcclGroup queues work on ddl's streams and
+waits with the deadline. libcuda and libnccl are loaded at run time (ddl builds without CUDA); DDLError subclass DeviceError
 says what is missing.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 
 from . import _native, hierarchical
 from .config import get as setting
-from .device_arrays import DeviceArray, host_dtype
+from .device_arrays import DeviceArray
 from .dtypes import native_dtype_name, native_op_name
 from .errors import DDLError, DeviceError
 
@@ -125,12 +126,6 @@ def shard(count: int, group_size: int, member: int) -> tuple[int, int, int]:
     return per, per * group_size, valid
 
 
-def chunks(valid: int, itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
-    """(offset, count) in elements of the staged pieces of a block: the unit of copy/transfer overlap."""
-    per = max(1, chunk_bytes // itemsize)
-    return [(o, min(per, valid - o)) for o in range(0, valid, per)]
-
-
 # -- execution ----------------------------------------------------------------------------------------------
 
 class DevicePath:
@@ -215,35 +210,27 @@ class DevicePath:
         average = op == "avg"
         g.reduce_scatter(work, per, dtype, rop, average and not outer)
         if outer and valid:
-            self._stage(work + (self.position * per) * es, valid, es, host_dtype(src.dtype), dtype, rop,
+            self._stage(work + (self.position * per) * es, valid, es, dtype, rop,
                         1.0 / self.comm.size if average else 1.0, label)
         g.all_gather(work, per, dtype)
         if work != dst.ptr:
             g.copy_dd(dst.ptr, work, dst.nbytes)
         g.before(dst.stream)
 
-    def _stage(self, block: int, valid: int, es: int, view_as: np.dtype, dtype, rop, factor: float,
-               label: str) -> None:
-        """The outer levels on this member's block: pieces go to the host and back on the copy stream while
-        MPI reduces the piece before; the work stream then waits for the last copy back."""
-        g = self.group
-        host = self._pinned_buffer(valid * es)
-        pieces = chunks(valid, es, _chunk_bytes(valid * es))
-        tickets = [g.to_host(self._pinned.ptr + o * es, block + o * es, n * es) for o, n in pieces]
-        for (o, n), t in zip(pieces, tickets):
-            g.wait(t, f"{label}: copy to the host")
-            part = host[o * es:(o + n) * es].view(view_as)
-            self.outer._run_allreduce(part, dtype, rop, label)
-            if factor != 1.0:
-                _native.scale(part, dtype, factor)
-            g.to_device(block + o * es, self._pinned.ptr + o * es, n * es)
-        g.work_after_copies()
+    def _stage(self, block: int, valid: int, es: int, dtype, rop, factor: float, label: str) -> None:
+        """The outer levels on this member's block, run by the executor over pinned memory: each pipeline block
+        is copied in when the plan reaches it and copied back as soon as it is reduced (native run_staged)."""
+        self._pinned_buffer(valid * es)
+        plan = self.outer._allreduce_plan(valid, es)
+        self.outer._executor.run_staged(plan.native, self.group, block, self._pinned, dtype, rop, factor,
+                                        self.comm.options.timeout, label)
 
     def to_host(self, src: DeviceArray, label: str) -> np.ndarray:
         """A host copy of a device array (for the staged broadcast and allgather)."""
         host = self._pinned_buffer(src.nbytes)
         g = self.group
         g.after(src.stream)
+        g.copies_after_work()
         g.wait(g.to_host(self._pinned.ptr, src.ptr, src.nbytes), f"{label}: copy to the host")
         return host[:src.nbytes].copy()
 
@@ -257,11 +244,6 @@ class DevicePath:
         g.synchronize(f"{label}: earlier copies from the pinned buffer")  # before the host overwrites it
         host[:raw.nbytes] = raw
         g.after(dst.stream)
+        g.copies_after_work()
         g.wait(g.to_device(dst.ptr, self._pinned.ptr, raw.nbytes), f"{label}: copy to the device")
         g.before(dst.stream)
-
-
-def _chunk_bytes(nbytes: int) -> int:
-    """Staging pieces: at least 4 for blocks from 4 MiB (copies overlap transfers), 1-4 MiB each, and never
-    more than 256 (each takes two of the group's 1024 events)."""
-    return max(min(4 << 20, max(1 << 20, nbytes // 4)), -(-nbytes // 256))

@@ -8,6 +8,7 @@
 #include "ddl/executor.hpp"
 #include "ddl/loopback.hpp"
 #include "ddl/mpi_transport.hpp"
+#include "ddl/staging.hpp"
 
 namespace py = pybind11;
 using namespace ddl;
@@ -186,6 +187,17 @@ PYBIND11_MODULE(_native, m) {
       }, py::arg("plan"), py::arg("buf"), py::arg("dtype"), py::arg("op"), py::arg("timeout"), py::arg("label"),
          py::arg("h0"), py::arg("h1"), py::arg("capacity"),
          "Runs a plan whose messages carry a 2 x int64 header merged by max; returns the merged header.")
+      .def("run_staged", [](Executor& ex, const PyPlan& plan, nccl::Group& group, uintptr_t device,
+                            const py::buffer& host, DType dtype, ReduceOp op, double factor, double timeout,
+                            const std::string& label) {
+        char* staging = static_cast<char*>(writable_buffer(host, dtype, plan.extent));
+        RunOptions opt = run_options(dtype, op, timeout, label);
+        py::gil_scoped_release nogil;
+        run_staged(ex, group, plan.plan, device, staging, opt, factor);
+      }, py::arg("plan"), py::arg("group"), py::arg("device"), py::arg("host"), py::arg("dtype"), py::arg("op"),
+         py::arg("factor"), py::arg("timeout"), py::arg("label"),
+         "The plan over a GPU block staged through pinned `host`: each pipeline block copied in when the plan "
+         "reaches it, scaled by factor and copied back as soon as it is reduced (ddl.gpu).")
       .def("run_small", [](Executor& ex, const PyPlan& plan, const py::buffer& src, const py::buffer& dst,
                            DType dtype, ReduceOp op, double timeout, const std::string& label, int64_t hash,
                            int64_t capacity, double factor) {

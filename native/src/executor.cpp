@@ -54,17 +54,20 @@ class Run {
     std::vector<size_t> slot_of;
     size_t next = 0;
     auto idle_deadline = Clock::now() + timeout();
+    BlockHooks* hooks = opt_.hooks;
     while (true) {
-      while (next < plan_.blocks.size() && !free_slots.empty()) {
+      bool progressed = false;
+      while (next < plan_.blocks.size() && !free_slots.empty() && (!hooks || hooks->ready(next))) {
         active.push_back(start_block(next++, free_slots.back()));
         slot_of.push_back(free_slots.back());
         free_slots.pop_back();
+        progressed = true;
       }
-      if (active.empty()) break;
-      bool progressed = false;
+      if (active.empty() && next == plan_.blocks.size()) break;
       for (size_t i = 0; i < active.size();) {
         progressed |= advance(active[i]);
         if (active[i].round == active[i].rounds()) {
+          if (hooks) hooks->finished(active[i].index);
           free_slots.push_back(slot_of[i]);
           active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
           slot_of.erase(slot_of.begin() + static_cast<std::ptrdiff_t>(i));
@@ -75,7 +78,7 @@ class Run {
       if (progressed) {
         idle_deadline = Clock::now() + timeout();
       } else {
-        if (Clock::now() > idle_deadline) fail(active);
+        if (Clock::now() > idle_deadline) fail(active, next);
         t_.idle();
       }
     }
@@ -208,11 +211,14 @@ class Run {
     return progressed;
   }
 
-  [[noreturn]] void fail(const std::vector<ActiveBlock>& active) {
+  [[noreturn]] void fail(const std::vector<ActiveBlock>& active, size_t next) {
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%g", opt_.timeout_s);
     std::string what = "rank " + std::to_string(t_.rank()) + ": " + opt_.label + " made no progress for " +
                        seconds + " s (DDL_TIMEOUT)";
+    if (active.empty())
+      throw TransportError(what + "; block " + std::to_string(next) + "'s data never became ready (a copy from "
+                           "the GPU did not finish)");
     for (const ActiveBlock& a : active) {
       size_t lo = a.prog->round_begin[a.round], hi = a.prog->round_begin[a.round + 1];
       for (size_t i = lo; i < hi; ++i) {

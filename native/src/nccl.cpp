@@ -58,7 +58,7 @@ int op_code(ReduceOp op, bool average) {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-constexpr size_t kMaxTickets = 1024;
+constexpr size_t kMaxTickets = 1 << 16;  // events per collective: 3 per staged block
 }  // namespace
 
 Group::Group(std::shared_ptr<Library> lib, std::shared_ptr<cuda::Driver> drv, int device, const UniqueId& id,
@@ -128,7 +128,7 @@ void Group::before(uintptr_t caller_stream) {
 }
 
 size_t Group::record(cuda::Stream s) {
-  if (next_event_ == kMaxTickets) throw DeviceError("NCCL group: more than 1024 staged copies in one call");
+  if (next_event_ == kMaxTickets) throw DeviceError("NCCL group: more than 65536 staged copies in one call");
   if (next_event_ == events_.size()) {
     cuda::Event e = nullptr;
     drv_->check(drv_->cuEventCreate(&e, cuda::kEventDisableTiming), "cuEventCreate");
@@ -162,9 +162,12 @@ void Group::broadcast(uintptr_t buf, size_t nbytes, int root) {
         "ncclBroadcast of " + std::to_string(nbytes) + " bytes");
 }
 
-size_t Group::to_host(void* host, uintptr_t dev, size_t nbytes) {
+void Group::copies_after_work() {
   size_t w = record(work_);
   drv_->check(drv_->cuStreamWaitEvent(copy_, events_[w], 0), "cuStreamWaitEvent");
+}
+
+size_t Group::to_host(void* host, uintptr_t dev, size_t nbytes) {
   if (nbytes) drv_->check(drv_->cuMemcpyDtoHAsync(host, dev, nbytes, copy_), "cuMemcpyDtoHAsync");
   return record(copy_);
 }
@@ -179,18 +182,22 @@ void Group::work_after_copies() {
   drv_->check(drv_->cuStreamWaitEvent(work_, events_[c], 0), "cuStreamWaitEvent");
 }
 
-void Group::wait(size_t ticket, const std::string& what) {
+bool Group::done(size_t ticket, const std::string& what) {
   if (ticket >= next_event_) throw std::invalid_argument("NCCL group: unknown ticket");
+  cuda::Result rc = drv_->cuEventQuery(events_[ticket]);
+  if (rc == cuda::kSuccess) return true;
+  if (rc != cuda::kNotReady) drv_->check(rc, "cuEventQuery (" + what + ")");
+  if (comm_) {  // an NCCL kernel queued before this event may have failed
+    Result state = kSuccess;
+    lib_->ncclCommGetAsyncError(comm_, &state);
+    if (state != kSuccess && state != kInProgress) fail(what + ": " + lib_->error_text(state, comm_));
+  }
+  return false;
+}
+
+void Group::wait(size_t ticket, const std::string& what) {
   const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
-  while (true) {
-    cuda::Result rc = drv_->cuEventQuery(events_[ticket]);
-    if (rc == cuda::kSuccess) return;
-    if (rc != cuda::kNotReady) drv_->check(rc, "cuEventQuery (" + what + ")");
-    if (comm_) {  // an NCCL kernel queued before this event may have failed
-      Result state = kSuccess;
-      lib_->ncclCommGetAsyncError(comm_, &state);
-      if (state != kSuccess && state != kInProgress) fail(what + ": " + lib_->error_text(state, comm_));
-    }
+  while (!done(ticket, what)) {
     if (Clock::now() > deadline)
       fail(what + ": the GPU made no progress for " + std::to_string(timeout_s_) + " s (DDL_TIMEOUT)");
     std::this_thread::yield();

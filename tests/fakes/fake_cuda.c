@@ -1,7 +1,8 @@
 /* A stand-in for libcuda.so.1 on machines without a GPU (tests only): "device memory" is host memory, copies
  * are memcpy, streams and events are always complete. It lets the GPU path's orchestration (staging, offsets,
  * stream calls, MPI levels) run in CI; it proves nothing about real GPUs. FAKE_CUDA_DEVICES sets the device
- * count (0: cuInit fails with CUDA_ERROR_NO_DEVICE). */
+ * count (0: cuInit fails with CUDA_ERROR_NO_DEVICE); FAKE_CUDA_PENDING=1 makes every event stay pending (a copy
+ * that never finishes). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,7 +21,7 @@ int cuStreamWaitEvent(void* s, void* e, unsigned f) { (void)s; (void)e; (void)f;
 int cuEventCreate(void** e, unsigned f) { (void)f; *e = malloc(1); return 0; }
 int cuEventDestroy_v2(void* e) { free(e); return 0; }
 int cuEventRecord(void* e, void* s) { (void)e; (void)s; return 0; }
-int cuEventQuery(void* e) { (void)e; return 0; }
+int cuEventQuery(void* e) { (void)e; return getenv("FAKE_CUDA_PENDING") ? 600 : 0; }
 int cuMemcpyDtoHAsync_v2(void* h, CUdeviceptr d, size_t n, void* s) { (void)s; memmove(h, (void*)d, n); return 0; }
 int cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* h, size_t n, void* s) { (void)s; memmove((void*)d, h, n); return 0; }
 int cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr x, size_t n, void* s) { (void)s; memmove((void*)d, (void*)x, n); return 0; }

@@ -15,7 +15,8 @@ from test_collectives import DTYPES, OPS, assert_reduced, contribution, name, va
 import ddl
 from ddl import DDLError, MismatchError, _native, gpu
 from ddl.communicator import Communicator
-from ddl.errors import DeviceError
+from ddl.errors import DeviceError, TransportError
+from ddl.options import parse
 from fakes import FakeDeviceArray, build, read
 
 COMM = MPI.COMM_WORLD
@@ -144,3 +145,21 @@ def test_cuda_awareness_of_mpi_is_detected():
     ddl.allreduce(FakeDeviceArray(x), out=FakeDeviceArray(x))  # makes the device path if no test did yet
     path = ddl.communicator()._device_paths[0]
     assert path.cuda_aware_mpi == {1: "yes", 0: "no", -1: "unknown"}[answer]
+
+
+@pytest.mark.mpi
+def test_a_copy_that_never_finishes_ends_in_an_error_not_a_hang():
+    """Every GPU event stays pending (stand-in): the executor, waiting for a staged block's copy, gives up after
+    the deadline with a message that says so, on every rank."""
+    if SIZE == 1:
+        pytest.skip("nothing is staged on one rank")
+    comm = Communicator.from_mpi(COMM, parse("-timeout 1"))
+    x = np.ones(1000, np.float32)
+    comm.allreduce(FakeDeviceArray(x), out=FakeDeviceArray(x))  # the device path is built while events pass
+    os.environ["FAKE_CUDA_PENDING"] = "1"
+    try:
+        with pytest.raises(TransportError, match="block 0's data never became ready"):
+            comm.allreduce(FakeDeviceArray(x), out=FakeDeviceArray(x))
+    finally:
+        del os.environ["FAKE_CUDA_PENDING"]
+        comm.close()

@@ -1,5 +1,5 @@
-"""The GPU path's parts that need no GPU: library loading and its errors, the decisions (groups, trees, shards,
-pieces), how device arrays are recognised and read. The orchestration under MPI is in tests/mpi/test_gpu_staged.py;
+"""The GPU path's parts that need no GPU: library loading and its errors, the decisions (groups, trees, shards),
+how device arrays are recognised and read. The orchestration under MPI is in tests/mpi/test_gpu_staged.py;
 real GPUs in tests/gpu."""
 import os
 import subprocess
@@ -119,14 +119,6 @@ def test_shards_cover_the_buffer_once(count, g):
     for k, (_, _, valid) in enumerate(blocks):
         covered[k * per:k * per + valid] += 1
     assert covered[:count].tolist() == [1] * count and not covered[count:].any()
-
-
-@pytest.mark.parametrize("valid,itemsize,chunk", [(0, 4, 16), (10, 4, 16), (10, 4, 40), (11, 2, 6), (3, 8, 1)])
-def test_pieces_tile_the_block(valid, itemsize, chunk):
-    pieces = gpu.chunks(valid, itemsize, chunk)
-    assert sum(n for _, n in pieces) == valid
-    assert all(o == sum(n for _, n in pieces[:i]) for i, (o, _) in enumerate(pieces))
-    assert all(0 < n * itemsize <= max(chunk, itemsize) for _, n in pieces)
 
 
 # -- device arrays ------------------------------------------------------------------------------------------

@@ -53,6 +53,15 @@ struct Plan {
   int32_t inflight = 1;
 };
 
+// Optional gates around each block, for data that arrives and leaves asynchronously (the GPU path stages each
+// block through pinned host memory): a block starts only once ready() says its bytes are in place, in block
+// order; finished() runs as soon as its last step is done, while later blocks are still moving.
+struct BlockHooks {
+  virtual ~BlockHooks() = default;
+  virtual bool ready(size_t block) = 0;
+  virtual void finished(size_t block) = 0;
+};
+
 struct RunOptions {
   DType dtype = DType::float32;
   ReduceOp op = ReduceOp::sum;
@@ -61,6 +70,7 @@ struct RunOptions {
   int64_t header[2] = {0, 0};      // in: this rank's value; out: merged by max
   int64_t header_capacity = 0;     // header mode: bytes of data a receive must accept
   std::string label = "collective";
+  BlockHooks* hooks = nullptr;     // not owned
 };
 
 // Builds a Program from rows of 8 int64 (kind, peer, round, tag, offset, count, scratch, wait_sends), sorted

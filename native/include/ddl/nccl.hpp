@@ -71,11 +71,13 @@ class Group {
   void reduce_scatter(uintptr_t buf, size_t count, DType t, ReduceOp op, bool average);
   void all_gather(uintptr_t buf, size_t count, DType t);  // in place, inverse layout of reduce_scatter
   void broadcast(uintptr_t buf, size_t nbytes, int root);
-  // Staging on the copy stream, after the work queued so far; returns a ticket for wait().
+  // Staging on the copy stream; each returns a ticket for done() / wait().
+  void copies_after_work();  // copies queued from now on follow the work queued so far
   size_t to_host(void* host, uintptr_t dev, size_t nbytes);
   size_t to_device(uintptr_t dev, const void* host, size_t nbytes);
-  void wait(size_t ticket, const std::string& what);  // polls the ticket's event with the deadline
-  void work_after_copies();                             // work waits for every copy queued so far
+  bool done(size_t ticket, const std::string& what);  // has the ticket's event passed (no waiting)
+  void wait(size_t ticket, const std::string& what);  // polls done() with the deadline
+  void work_after_copies();                           // work waits for every copy queued so far
   void synchronize(const std::string& what);            // waits for everything ddl queued
 
  private:
@@ -90,7 +92,7 @@ class Group {
   double timeout_s_;
   Comm comm_ = nullptr;
   cuda::Stream work_ = nullptr, copy_ = nullptr;
-  std::vector<cuda::Event> events_;  // reused ring of events for tickets
+  std::vector<cuda::Event> events_;  // tickets: reused from the start by every collective (after())
   size_t next_event_ = 0;
   bool broken_ = false;
 };
