@@ -156,9 +156,11 @@ class DevicePath:
             from .communicator import Communicator
 
             sub = comm._mpi.Split(self.position, comm.rank)
-            self.outer = Communicator(_native.Executor.mpi(sub) if sub.size > 1 else None, sub.rank, sub.size,
-                                      comm.options, mpi_comm=sub, hierarchy=cross_tree(comm.tree, groups,
-                                                                                      self.position))
+            try:  # from_mpi works on its own duplicate
+                self.outer = Communicator.from_mpi(sub, comm.options,
+                                                   hierarchy=cross_tree(comm.tree, groups, self.position))
+            finally:
+                sub.Free()
         self._work: _native.DeviceBuffer | None = None
         self._pinned: _native.PinnedBuffer | None = None
         # Detected and reported; the MPI levels stage either way (device pointers to MPI would need the
