@@ -145,8 +145,6 @@ void bind_device(py::module_& m) {
            py::arg("average"), py::call_guard<py::gil_scoped_release>())
       .def("all_gather", &G::all_gather, py::arg("buf"), py::arg("count"), py::arg("dtype"),
            py::call_guard<py::gil_scoped_release>())
-      .def("broadcast", &G::broadcast, py::arg("buf"), py::arg("nbytes"), py::arg("root"),
-           py::call_guard<py::gil_scoped_release>())
       .def("copies_after_work", &G::copies_after_work, py::call_guard<py::gil_scoped_release>())
       .def("to_host", [](G& g, uintptr_t host, uintptr_t dev, size_t n) {
         return g.to_host(reinterpret_cast<void*>(host), dev, n);

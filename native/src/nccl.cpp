@@ -16,7 +16,6 @@ Library::Library(const std::string& path) : lib_(path, "NCCL") {
   lib_.bind(ncclGetLastError, "ncclGetLastError", false);
   lib_.bind(ncclReduceScatter, "ncclReduceScatter");
   lib_.bind(ncclAllGather, "ncclAllGather");
-  lib_.bind(ncclBroadcast, "ncclBroadcast");
   if (ncclGetVersion(&version) != kSuccess) throw LibraryError("NCCL " + path + ": ncclGetVersion failed");
   if (version < 21400)  // non-blocking communicators (NCCL_COMM_BLOCKING) and bfloat16 need 2.14
     throw LibraryError("NCCL " + path + " is version " + std::to_string(version) + "; ddl needs 2.14 or newer");
@@ -154,12 +153,6 @@ void Group::all_gather(uintptr_t buf, size_t count, DType t) {
   check(lib_->ncclAllGather(reinterpret_cast<void*>(buf + rank_ * count * es), reinterpret_cast<void*>(buf), count,
                             dtype_code(t), comm_, work_),
         "ncclAllGather of " + std::to_string(count) + " elements per rank");
-}
-
-void Group::broadcast(uintptr_t buf, size_t nbytes, int root) {
-  check(lib_->ncclBroadcast(reinterpret_cast<void*>(buf), reinterpret_cast<void*>(buf), nbytes, 1, root, comm_,
-                            work_),
-        "ncclBroadcast of " + std::to_string(nbytes) + " bytes");
 }
 
 void Group::copies_after_work() {

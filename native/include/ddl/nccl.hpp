@@ -38,7 +38,6 @@ struct Library {
   const char* (*ncclGetLastError)(Comm);  // NCCL >= 2.13; optional
   Result (*ncclReduceScatter)(const void*, void*, size_t, int, int, Comm, cuda::Stream);
   Result (*ncclAllGather)(const void*, void*, size_t, int, Comm, cuda::Stream);
-  Result (*ncclBroadcast)(const void*, void*, size_t, int, int, Comm, cuda::Stream);
 
   std::string error_text(Result rc, Comm comm) const;
 
@@ -70,7 +69,6 @@ class Group {
   // In place: the group's block of `count` elements of `buf` ends up at buf + rank * count.
   void reduce_scatter(uintptr_t buf, size_t count, DType t, ReduceOp op, bool average);
   void all_gather(uintptr_t buf, size_t count, DType t);  // in place, inverse layout of reduce_scatter
-  void broadcast(uintptr_t buf, size_t nbytes, int root);
   // Staging on the copy stream; each returns a ticket for done() / wait().
   void copies_after_work();  // copies queued from now on follow the work queued so far
   size_t to_host(void* host, uintptr_t dev, size_t nbytes);
