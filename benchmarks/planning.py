@@ -12,7 +12,7 @@ import json
 import time
 
 from ddl import planner, topology
-from ddl.explain import explain
+from ddl.planner.explain import explain
 
 SIZES = (8, 1 << 20, 64 << 20, 1 << 30)
 

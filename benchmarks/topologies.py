@@ -118,7 +118,7 @@ def run_topology(name: str, t, sizes: list[int], rounds: int, settings: list[dic
 
 
 def busbw(nbytes: int, us: float, n: int) -> float:
-    from ddl.bench import bandwidth
+    from ddl.tools.bench import bandwidth
 
     return bandwidth(nbytes, us, n)[1]
 
@@ -162,7 +162,7 @@ def _size(n: int) -> str:
 
 
 def table(result: dict, bound: dict, nranks: int) -> str:
-    from ddl.bench import bandwidth
+    from ddl.tools.bench import bandwidth
 
     times = result["times"]
     algos = [a for a in LABELS if a in times]
@@ -206,7 +206,7 @@ def plot(result: dict, bound: dict, nranks: int, title: str, path: Path) -> None
 
 
 def report(result: dict, bound: dict, nranks: int, outdir: Path, command: str) -> list:
-    from ddl import emulate
+    from ddl.cluster import spec as emulate
 
     name = result["topology"]
     met = targets(name, result["times"], bound)
@@ -244,7 +244,7 @@ def print_summary(result: dict, bound: dict, nranks: int, met: list) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--topologies", default="T1,T2,T3,T4", help="presets or specs (ddl.emulate), comma list")
+    ap.add_argument("--topologies", default="T1,T2,T3,T4", help="presets or specs (ddl.cluster.spec), comma list")
     ap.add_argument("--sizes", default=ALL_SIZES)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=2, help="timed calls at least (after one checked call)")
@@ -253,8 +253,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(HERE / "results"))
     args = ap.parse_args(argv)
 
-    from ddl import cluster, emulate
-    from ddl.bench import parse_size
+    from ddl import cluster
+
+    from ddl.cluster import spec as emulate
+    from ddl.tools.bench import parse_size
 
     why = cluster.available()
     if why:

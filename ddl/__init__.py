@@ -10,16 +10,19 @@ differ all raise MismatchError. Importing ddl never imports TensorFlow, Keras or
 """
 from __future__ import annotations
 
-import os
-
+from . import _moved
+from . import gpu as _gpu  # noqa: F401 (registers the device collectives with ddl.core.devices)
 from . import options as _options
-from .communicator import Communicator
-from .errors import DDLError, DeviceError, MismatchError, TransportError
+from .config import launched_by_mpi as _launched_by_mpi
+from .core.communicator import Communicator
+from .errors import DDLError, DeviceError, MismatchError, TopologyError, TransportError
+
+_moved.install()
 
 __all__ = [
     "init", "finalize", "initialized", "communicator", "rank", "size", "local_rank", "local_size", "num_hosts",
-    "allreduce", "allreduce_n", "broadcast", "bcast", "allgather", "barrier", "explain",
-    "DDLError", "DeviceError", "MismatchError", "TransportError", "Communicator", "__version__",
+    "allreduce", "allreduce_n", "grads_reduce", "broadcast", "bcast", "allgather", "barrier", "explain",
+    "DDLError", "DeviceError", "MismatchError", "TopologyError", "TransportError", "Communicator", "__version__",
     "DDLCallback", "DDLGlobalVariablesCallback",
 ]
 
@@ -31,22 +34,16 @@ except PackageNotFoundError:  # the source tree, not installed
 
 _world: Communicator | None = None
 
-# Set by the launchers of Open MPI, MPICH/Hydra, PMIx and Slurm's PMI: the process belongs to an MPI job.
-_LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
-
-
-def _launched_by_mpi() -> bool:
-    return any(v in os.environ for v in _LAUNCHER_VARIABLES)
-
-
 def init(comm=None, options: str | None = None, hierarchy=None, topology=None) -> Communicator:
     """Initialises ddl (idempotent). ``comm``: an mpi4py communicator (default: MPI.COMM_WORLD when launched
     by MPI). ``options``: IBM DDL's option string (default: $DDL_OPTIONS), e.g. ``"-mode r -check 1e-5"``.
     ``topology``: a topology file, library machine name, dict or ddl.topology.Topology to plan over
     (default: $DDL_TOPOLOGY, else discovery: hosts from MPI, NUMA, GPUs from NVML, racks from ddlrun).
-    ``hierarchy``: the tree directly, as nested lists of ranks innermost group deepest (ddl.hierarchical).
+    ``hierarchy``: the tree directly, as nested lists of ranks innermost group deepest (ddl.topology.tree).
     Calling it again with other arguments after ddl is initialised is an error: finalize() first."""
     global _world
+    if isinstance(comm, str):  # IBM's ddl.init(options)
+        comm, options = None, comm if options is None else options
     if _world is not None:
         if comm is None and options is None and hierarchy is None and topology is None:
             return _world
@@ -109,9 +106,22 @@ def allreduce(array, op: str = "sum", out=None):
     return communicator().allreduce(array, op, out)
 
 
-def allreduce_n(arrays, op: str = "sum"):
-    """Reduces many arrays in one fused allreduce per dtype; returns the reduced arrays in order."""
-    return communicator().allreduce_n(arrays, op)
+def allreduce_n(arrays, op: str = "sum", average: bool | None = None):
+    """Reduces many arrays in one fused allreduce per dtype; returns the reduced arrays in order. IBM's
+    ``allreduce_n(grads, average=True)`` is ``op="avg"``."""
+    return communicator().allreduce_n(arrays, op, average)
+
+
+def grads_reduce(grads_and_vars, average: bool = True):
+    """IBM's ``grads_reduce``: the gradients of (gradient, variable) pairs averaged (or summed) in one fused
+    allreduce per dtype; returns the pairs with the reduced gradients (None gradients pass through)."""
+    pairs = list(grads_and_vars)
+    present = [i for i, (g, _) in enumerate(pairs) if g is not None]
+    reduced = allreduce_n([pairs[i][0] for i in present], "avg" if average else "sum")
+    out = list(pairs)
+    for i, g in zip(present, reduced):
+        out[i] = (g, pairs[i][1])
+    return out
 
 
 def broadcast(array, root: int = 0):
@@ -143,4 +153,7 @@ def __getattr__(name: str):
         from . import keras as _keras
 
         return getattr(_keras, name)
+    moved = _moved.attribute(name)
+    if moved is not None:
+        return moved
     raise AttributeError(f"module 'ddl' has no attribute {name!r}")

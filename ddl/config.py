@@ -34,9 +34,9 @@ SETTINGS = {
         Setting("DDL_NODES", "", "nodes per rack, for discovery (set by ddlrun --nodes)"),
         Setting("DDL_RACKS", "", "racks per aisle, for discovery (set by ddlrun --racks)"),
         Setting("DDL_AISLES", "", "aisles, for discovery (set by ddlrun --aisles)"),
-        Setting("DDL_NETWORK", "eth_10g", "link kind between discovered nodes (a name from ddl.links)"),
+        Setting("DDL_NETWORK", "eth_10g", "link kind between discovered nodes (a name from ddl.topology.links)"),
         Setting("DDL_FUSION_BYTES", str(128 << 20), "bytes per fused buffer when optimizers average many gradients "
-                "(ddl.fusion); 0: one buffer per dtype"),
+                "(ddl.core.fusion); 0: one buffer per dtype"),
         Setting("DDL_NCCL_LEVELS", "auto", "GPU arrays: auto runs the innermost level over NCCL when its groups are "
                 "GPUs of one host (all of one size); 0 runs every level over MPI, staged through host memory"),
         Setting("DDL_NCCL_LIBRARY", "", "path of libnccl.so to use (default: the nvidia-nccl-cu13/-cu12 wheel, "
@@ -49,3 +49,12 @@ SETTINGS = {
 
 def get(name: str, environ=os.environ) -> str:
     return SETTINGS[name].get(environ)
+
+
+# Set by the launchers of Open MPI, MPICH/Hydra, PMIx and Slurm's PMI: the process belongs to an MPI job.
+_LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS")
+
+
+def launched_by_mpi(environ=os.environ) -> bool:
+    """Whether this process was started by an MPI launcher (mpirun, mpiexec, srun with PMI)."""
+    return any(v in environ for v in _LAUNCHER_VARIABLES)

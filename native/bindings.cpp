@@ -5,6 +5,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
+#include "ddl/cuda_driver.hpp"
 #include "ddl/executor.hpp"
 #include "ddl/loopback.hpp"
 #include "ddl/mpi_transport.hpp"
@@ -20,8 +23,8 @@ namespace {
 using Rows = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
 Program program_from_rows(const Rows& rows, int64_t scratch_elems, int32_t tags) {
-  if (rows.ndim() != 2 || (rows.shape(0) && rows.shape(1) != 8))
-    throw std::invalid_argument("program rows must have shape (n, 8)");
+  if (rows.ndim() != 2 || (rows.shape(0) && rows.shape(1) != kStepFields))
+    throw std::invalid_argument("program rows must have shape (n, " + std::to_string(kStepFields) + ")");
   return make_program(rows.data(), static_cast<size_t>(rows.shape(0)), scratch_elems, tags);
 }
 
@@ -79,30 +82,64 @@ int64_t elements(const py::buffer& buf, DType dtype) {
   return static_cast<int64_t>(info.size * info.itemsize / static_cast<py::ssize_t>(dtype_size(dtype)));
 }
 
-RunOptions run_options(DType dtype, ReduceOp op, double timeout, const std::string& label) {
+// What Python passes to Executor.run: the element type and op, the deadline and label, and the optional forms
+// of a run (a header merged by max, a small run into another buffer, a GPU block staged through this buffer).
+struct PyRunOptions {
+  DType dtype = DType::float32;
+  ReduceOp op = ReduceOp::sum;
+  double timeout = 300.0;
+  std::string label = "collective";
+  std::optional<int64_t> header;  // agreement: every message carries {h, -h}, merged by max
+                                  // (with run's out: the small collective, into out only if all agreed)
+  int64_t capacity = 0;           // with a header: payload bytes every receive accepts
+  double factor = 1.0;            // result scaled by this (avg) once reduced
+  nccl::Group* group = nullptr;   // staging: the GPU block at `device` runs through the (pinned) buffer
+  uintptr_t device = 0;
+};
+
+RunOptions native_options(const PyRunOptions& o) {
   RunOptions opt;
-  opt.dtype = dtype;
-  opt.op = op;
-  opt.timeout_s = timeout;
-  opt.label = label;
+  opt.dtype = o.dtype;
+  opt.op = o.op;
+  opt.timeout_s = o.timeout;
+  opt.label = o.label;
+  if (o.header) {
+    opt.header_mode = true;
+    opt.header[0] = *o.header;
+    opt.header[1] = -*o.header;
+    opt.header_capacity = o.capacity;
+  }
   return opt;
 }
 
-// Header mode: messages carry {h0, h1}, merged by max; receives accept `capacity` bytes of payload.
-RunOptions header_options(DType dtype, ReduceOp op, double timeout, const std::string& label, int64_t h0,
-                          int64_t h1, int64_t capacity) {
-  RunOptions opt = run_options(dtype, op, timeout, label);
-  opt.header_mode = true;
-  opt.header[0] = h0;
-  opt.header[1] = h1;
-  opt.header_capacity = capacity;
-  return opt;
-}
-
-void run_plan(Executor& ex, const PyPlan& plan, const py::buffer& buf, RunOptions& opt) {
-  void* ptr = writable_buffer(buf, opt.dtype, plan.extent);
-  py::gil_scoped_release nogil;  // the buffer stays alive: the caller holds it
-  ex.run(plan.plan, ptr, opt);
+// The one entry: returns whether every rank's header equalled this one's (true when there is none).
+bool run(Executor& ex, const PyPlan& plan, const py::buffer& buf, const PyRunOptions& o, const py::object& out) {
+  RunOptions opt = native_options(o);
+  if (o.group != nullptr) {
+    if (o.header || !out.is_none()) throw std::invalid_argument("a staged run takes no header and no out");
+    char* staging = static_cast<char*>(writable_buffer(buf, o.dtype, plan.extent));
+    py::gil_scoped_release nogil;
+    run_staged(ex, *o.group, plan.plan, o.device, staging, opt, o.factor);
+    return true;
+  }
+  if (!out.is_none()) {
+    if (!o.header) throw std::invalid_argument("a run into out needs a header (it is the small collective)");
+    const int64_t n = elements(buf, o.dtype);
+    if (n != plan.extent && !(n == 0 && plan.extent == 0))
+      throw std::invalid_argument("source holds " + std::to_string(n) + " elements, plan moves " +
+                                  std::to_string(plan.extent));
+    void* dst = writable_buffer(out, o.dtype, n);
+    const void* in = contiguous_buffer(buf, o.dtype, n, false);
+    py::gil_scoped_release nogil;
+    return ex.run_small(plan.plan, in, dst, static_cast<size_t>(n) * dtype_size(o.dtype), o.factor, opt);
+  }
+  void* ptr = writable_buffer(buf, o.dtype, plan.extent);
+  {
+    py::gil_scoped_release nogil;  // the buffer stays alive: the caller holds it
+    ex.run(plan.plan, ptr, opt);
+    if (o.factor != 1.0) scale(ptr, plan.extent, o.dtype, o.factor);
+  }
+  return !o.header || (opt.header[0] == *o.header && opt.header[1] == -*o.header);
 }
 
 }  // namespace
@@ -112,13 +149,18 @@ PYBIND11_MODULE(_native, m) {
   // runs alone (and `import ddl`) should not pay for.
   m.doc() = "ddl's native executor: runs compiled schedules over MPI or an in-process loopback.";
 
+  // ddl's native errors become ddl.errors' classes, in one place.
   py::register_exception_translator([](std::exception_ptr p) {
+    const char* name = nullptr;
+    std::string what;
     try {
       if (p) std::rethrow_exception(p);
     } catch (const TransportError& e) {
-      py::object cls = py::module_::import("ddl.errors").attr("TransportError");
-      PyErr_SetString(cls.ptr(), e.what());
+      name = "TransportError", what = e.what();
+    } catch (const DeviceError& e) {
+      name = "DeviceError", what = e.what();
     }
+    if (name) PyErr_SetString(py::module_::import("ddl.errors").attr(name).ptr(), what.c_str());
   });
 
   py::enum_<DType>(m, "DType")
@@ -144,13 +186,44 @@ PYBIND11_MODULE(_native, m) {
     scale(d, n, dtype, factor);
   }, py::arg("buf"), py::arg("dtype"), py::arg("factor"), "buf *= factor (floating types).");
 
+  // The step layout, declared once: Python builds rows with these field positions and kind codes.
+  py::enum_<StepKind>(m, "StepKind")
+      .value("send", StepKind::send).value("recv_reduce", StepKind::recv_reduce)
+      .value("recv_copy", StepKind::recv_copy);
+  py::tuple fields(kStepFields);
+  for (size_t i = 0; i < kStepFields; ++i) fields[i] = py::str(kStepFieldNames[i]);
+  m.attr("STEP_FIELDS") = fields;
+
+  py::class_<PyRunOptions>(m, "RunOptions")
+      .def(py::init([](DType dtype, ReduceOp op, double timeout, std::string label, std::optional<int64_t> header,
+                       int64_t capacity, double factor, nccl::Group* group, uintptr_t device) {
+             PyRunOptions o;
+             o.dtype = dtype, o.op = op, o.timeout = timeout, o.label = std::move(label), o.header = header;
+             o.capacity = capacity, o.factor = factor, o.group = group, o.device = device;
+             return o;
+           }),
+           py::arg("dtype"), py::arg("op") = ReduceOp::sum, py::arg("timeout") = 300.0,
+           py::arg("label") = "collective", py::arg("header") = py::none(), py::arg("capacity") = 0,
+           py::arg("factor") = 1.0, py::arg("group") = nullptr, py::arg("device") = 0,
+           py::keep_alive<1, 9>(),  // the options keep the NCCL group they stage through alive
+           "How a run goes: element type and op, deadline and label; header: the agreement hash every message "
+           "carries (merged by max, with -hash); capacity: payload bytes a header-mode receive accepts; factor: "
+           "the result is scaled by it; group and device: stage the GPU block at `device` through the buffer.")
+      .def_readonly("dtype", &PyRunOptions::dtype)
+      .def_readonly("op", &PyRunOptions::op)
+      .def_readonly("timeout", &PyRunOptions::timeout)
+      .def_readonly("label", &PyRunOptions::label)
+      .def_readonly("header", &PyRunOptions::header)
+      .def_readonly("capacity", &PyRunOptions::capacity)
+      .def_readonly("factor", &PyRunOptions::factor);
+
   py::class_<Program>(m, "Program")
       .def(py::init(&program_from_rows), py::arg("rows"), py::arg("scratch_elems"), py::arg("tags"),
-           "rows: int64 (n, 8) = kind, peer, round, tag, offset, count, scratch, wait_sends; sorted by round.")
+           "rows: int64 (n, len(STEP_FIELDS)), one step per row in STEP_FIELDS order; sorted by round.")
       .def_property_readonly("nsteps", [](const Program& p) { return p.steps.size(); })
       .def_property_readonly("nrounds", [](const Program& p) { return p.round_begin.size() - 1; });
 
-  py::class_<PyPlan>(m, "Plan")
+  py::class_<PyPlan>(m, "Pipeline")
       .def(py::init(&make_plan), py::arg("programs"), py::arg("blocks"), py::arg("inflight"))
       .def_property_readonly("extent", [](const PyPlan& p) { return p.extent; })
       .def_property_readonly("nblocks", [](const PyPlan& p) { return p.plan.blocks.size(); });
@@ -174,43 +247,8 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("size", [](Executor& e) { return e.transport().size(); })
       .def_property_readonly("transport", [](Executor& e) { return e.transport().name(); })
       .def_property_readonly("broken", &Executor::broken)
-      .def("run", [](Executor& ex, const PyPlan& plan, const py::buffer& buf, DType dtype, ReduceOp op,
-                     double timeout, const std::string& label) {
-        RunOptions opt = run_options(dtype, op, timeout, label);
-        run_plan(ex, plan, buf, opt);
-      }, py::arg("plan"), py::arg("buf"), py::arg("dtype"), py::arg("op"), py::arg("timeout"), py::arg("label"))
-      .def("run_header", [](Executor& ex, const PyPlan& plan, const py::buffer& buf, DType dtype, ReduceOp op,
-                            double timeout, const std::string& label, int64_t h0, int64_t h1, int64_t capacity) {
-        RunOptions opt = header_options(dtype, op, timeout, label, h0, h1, capacity);
-        run_plan(ex, plan, buf, opt);
-        return py::make_tuple(opt.header[0], opt.header[1]);
-      }, py::arg("plan"), py::arg("buf"), py::arg("dtype"), py::arg("op"), py::arg("timeout"), py::arg("label"),
-         py::arg("h0"), py::arg("h1"), py::arg("capacity"),
-         "Runs a plan whose messages carry a 2 x int64 header merged by max; returns the merged header.")
-      .def("run_staged", [](Executor& ex, const PyPlan& plan, nccl::Group& group, uintptr_t device,
-                            const py::buffer& host, DType dtype, ReduceOp op, double factor, double timeout,
-                            const std::string& label) {
-        char* staging = static_cast<char*>(writable_buffer(host, dtype, plan.extent));
-        RunOptions opt = run_options(dtype, op, timeout, label);
-        py::gil_scoped_release nogil;
-        run_staged(ex, group, plan.plan, device, staging, opt, factor);
-      }, py::arg("plan"), py::arg("group"), py::arg("device"), py::arg("host"), py::arg("dtype"), py::arg("op"),
-         py::arg("factor"), py::arg("timeout"), py::arg("label"),
-         "The plan over a GPU block staged through pinned `host`: each pipeline block copied in when the plan "
-         "reaches it, scaled by factor and copied back as soon as it is reduced (ddl.gpu).")
-      .def("run_small", [](Executor& ex, const PyPlan& plan, const py::buffer& src, const py::buffer& dst,
-                           DType dtype, ReduceOp op, double timeout, const std::string& label, int64_t hash,
-                           int64_t capacity, double factor) {
-        const int64_t n = elements(src, dtype);
-        if (n != plan.extent && !(n == 0 && plan.extent == 0))
-          throw std::invalid_argument("source holds " + std::to_string(n) + " elements, plan moves " +
-                                      std::to_string(plan.extent));
-        void* out = writable_buffer(dst, dtype, n);
-        const void* in = contiguous_buffer(src, dtype, n, false);
-        RunOptions opt = header_options(dtype, op, timeout, label, hash, -hash, capacity);
-        py::gil_scoped_release nogil;
-        return ex.run_small(plan.plan, in, out, static_cast<size_t>(n) * dtype_size(dtype), factor, opt);
-      }, py::arg("plan"), py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"), py::arg("timeout"),
-         py::arg("label"), py::arg("hash"), py::arg("capacity"), py::arg("factor"),
-         "A whole small collective in one call: agreement and payload together; dst written only if all agreed.");
+      .def("run", &run, py::arg("plan"), py::arg("buffer"), py::arg("options"), py::arg("out") = py::none(),
+           "Runs a pipeline on a contiguous buffer (GIL released); returns whether every rank's header agreed "
+           "(true without one). With out (and a header): the small collective, run on a private copy of the "
+           "buffer, its result written to out only if every rank agreed.");
 }

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 
-from ddl import mpirun  # the installed ddl: run this from tests/, so the source tree is not on sys.path
+from ddl.runner import mpirun  # the installed ddl: run this from tests/, so the source tree is not on sys.path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -78,15 +78,6 @@ int mpi_cuda_support() {
 }  // namespace
 
 void bind_device(py::module_& m) {
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const DeviceError& e) {
-      py::object cls = py::module_::import("ddl.errors").attr("DeviceError");
-      PyErr_SetString(cls.ptr(), e.what());
-    }
-  });
-
   m.def("dlpack_info", &dlpack_info, py::arg("capsule"),
         "ptr, device_type, device_id, shape, strides (elements, None: C order), code, bits, lanes of a capsule.");
 

@@ -254,7 +254,7 @@ Program make_program(const int64_t* rows, size_t nrows, int64_t scratch_elems, i
   p.steps.reserve(nrows);
   int32_t last_round = -1;
   for (size_t i = 0; i < nrows; ++i) {
-    const int64_t* r = rows + 8 * i;
+    const int64_t* r = rows + kStepFields * i;
     Step s{static_cast<StepKind>(r[0]), static_cast<int32_t>(r[1]), static_cast<int32_t>(r[2]),
            static_cast<int32_t>(r[3]), r[4], r[5], r[6], static_cast<int32_t>(r[7])};
     if (s.kind != StepKind::send && s.kind != StepKind::recv_reduce && s.kind != StepKind::recv_copy)

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ddl import cluster, emulate, planner
+from ddl import cluster, planner
+
+from ddl.cluster import spec as emulate
 
 WHY = cluster.available()
 pytestmark = [pytest.mark.skipif(WHY is not None, reason=str(WHY)), pytest.mark.timeout(300)]
@@ -132,7 +134,7 @@ def test_uneven_nodes_carry_the_closed_form(tmp_path):
 
 def test_ddl_cluster_command_line(tmp_path):
     env = {**os.environ, "DDL_CLUSTER_STATE": str(tmp_path / "state")}
-    cli = [sys.executable, "-m", "ddl.cluster_cli"]
+    cli = [sys.executable, "-m", "ddl.tools.cluster"]
     run = lambda *a: subprocess.run([*cli, *a], capture_output=True, text=True, timeout=120, env=env)
     up = run("up", "2x1", "--name", "clitest")
     assert up.returncode == 0, up.stderr
@@ -151,7 +153,7 @@ def test_ddl_cluster_command_line(tmp_path):
 
 
 def test_ddlrun_emulate_runs_the_job_on_the_emulated_hosts():
-    out = subprocess.run([sys.executable, "-m", "ddl.ddlrun", "--emulate", "3,1", sys.executable, "-c",
+    out = subprocess.run([sys.executable, "-m", "ddl.tools.ddlrun", "--emulate", "3,1", sys.executable, "-c",
                           "import sys, ddl; c = ddl.init(); "
                           "sys.stdout.write(f'hosts {ddl.num_hosts()} levels {len(c.levels)}\\n')"],
                          capture_output=True, text=True, timeout=120)
@@ -161,7 +163,7 @@ def test_ddlrun_emulate_runs_the_job_on_the_emulated_hosts():
 
 def test_ddlrun_emulate_checks_the_hosts_and_gives_every_rank_its_place(tmp_path):
     report = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "launch", "rank_report.py")
-    out = subprocess.run([sys.executable, "-m", "ddl.ddlrun", "-v", "--emulate", "2x2", sys.executable, report,
+    out = subprocess.run([sys.executable, "-m", "ddl.tools.ddlrun", "-v", "--emulate", "2x2", sys.executable, report,
                           str(tmp_path), "ok"], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
     assert "check node0: {" in out.stderr and "check node1: {" in out.stderr  # probed through the agent

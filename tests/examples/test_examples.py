@@ -1,5 +1,6 @@
-"""The README's training examples, launched as a user would (ddlrun -np 2 and 4): they train to a useful
-accuracy on held-out digits and only rank 0 prints it."""
+"""The README's first hour, as a user would live it, from the repository root: ``import ddl`` works there (the
+checkout is the installed package), and the training examples launched with ddlrun -np 2 and 4 train to a
+useful accuracy on held-out digits, only rank 0 printing it."""
 import os
 import re
 import subprocess
@@ -7,9 +8,17 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLES = os.path.join(HERE, "..", "..", "examples")
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DDLRUN = os.path.join(sys.prefix, "bin", "ddlrun")
+
+
+def test_import_ddl_from_the_repository_root():
+    done = subprocess.run([sys.executable, "-c", "import ddl, numpy; print(ddl.size(), ddl.__file__, "
+                           "ddl.allreduce(numpy.arange(3.0)).tolist())"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    size, where, reduced = done.stdout.split(" ", 2)
+    assert size == "1" and where == os.path.join(ROOT, "ddl", "__init__.py") and reduced.strip() == "[0.0, 1.0, 2.0]"
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -17,9 +26,10 @@ DDLRUN = os.path.join(sys.prefix, "bin", "ddlrun")
 def test_example_trains_and_rank_0_reports(script, ranks):
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")
-    env = {**os.environ, "KERAS_BACKEND": "torch"}
-    done = subprocess.run([DDLRUN, "-np", str(ranks), sys.executable, os.path.join(EXAMPLES, script)],
-                          capture_output=True, text=True, timeout=400, env=env)
+    # as after `source .venv-openmpi/bin/activate`
+    env = {**os.environ, "KERAS_BACKEND": "torch", "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    done = subprocess.run([DDLRUN, "-np", str(ranks), "python", f"examples/{script}"],
+                          capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     reports = re.findall(r"ranks (\d+): test accuracy ([0-9.]+)", done.stdout)
     assert len(reports) == 1, done.stdout  # rank 0 only

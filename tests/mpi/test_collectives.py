@@ -12,8 +12,8 @@ from mpi4py import MPI
 
 import ddl
 from ddl import DDLError, MismatchError, TransportError
-from ddl.communicator import Communicator
-from ddl.hierarchical import depth, normalize
+from ddl.core.communicator import Communicator
+from ddl.topology.tree import depth, normalize
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size

@@ -14,7 +14,7 @@ from test_collectives import DTYPES, OPS, assert_reduced, contribution, name, va
 
 import ddl
 from ddl import DDLError, MismatchError, _native, gpu
-from ddl.communicator import Communicator
+from ddl.core.communicator import Communicator
 from ddl.errors import DeviceError, TransportError
 from ddl.options import parse
 from fakes import FakeDeviceArray, build, read
@@ -29,12 +29,12 @@ def world():
     saved = {k: os.environ.get(k) for k in ("DDL_CUDA_DRIVER", "DDL_NCCL_LIBRARY", "DDL_NCCL_LEVELS")}
     os.environ.update(build())
     os.environ["DDL_NCCL_LEVELS"] = "0"
-    gpu._LIBS.clear()
+    gpu.libraries._LIBS.clear()
     ddl.finalize()
     ddl.init(COMM, options="-timeout 60")
     yield
     ddl.finalize()
-    gpu._LIBS.clear()
+    gpu.libraries._LIBS.clear()
     for k, v in saved.items():
         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
@@ -143,7 +143,7 @@ def test_cuda_awareness_of_mpi_is_detected():
         assert answer == 0
     x = np.ones(1)
     ddl.allreduce(FakeDeviceArray(x), out=FakeDeviceArray(x))  # makes the device path if no test did yet
-    path = ddl.communicator()._device_paths[0]
+    path = ddl.communicator()._device()._paths[0]
     assert path.cuda_aware_mpi == {1: "yes", 0: "no", -1: "unknown"}[answer]
 
 

@@ -11,8 +11,8 @@ from mpi4py import MPI
 
 import ddl
 from ddl import DDLError
-from ddl.communicator import Communicator
-from ddl.hierarchical import normalize
+from ddl.core.communicator import Communicator
+from ddl.topology.tree import normalize
 from ddl.planner import Shape
 from test_collectives import assert_reduced, contribution
 

@@ -2,8 +2,8 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ddl.algorithms import ALLREDUCE, schedule, split
-from ddl.check import check
+from ddl.schedule.algorithms import ALLREDUCE, schedule, split
+from ddl.schedule.check import check
 from ddl.schedule import Collective, Op, Schedule
 
 COUNTS = (0, 1, 2, 7, 31, 1000, 65537)

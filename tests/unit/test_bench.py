@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ddl import bench
+from ddl.tools import bench
 
 
 def test_parse_size():

@@ -3,8 +3,8 @@ import dataclasses
 
 import pytest
 
-from ddl.algorithms import schedule
-from ddl.check import ScheduleError, check
+from ddl.schedule.algorithms import schedule
+from ddl.schedule.check import ScheduleError, check
 from ddl.schedule import Collective, Op, Program, Step
 
 

@@ -4,7 +4,9 @@ topologies written out link by link here), and the GPUs, their parents, uplinks 
 builds must be those of topology/dgx1.json, dgx-h100.json and summit-node.json."""
 import pytest
 
-from ddl import discover, topology
+from ddl import topology
+
+from ddl.topology import discover
 
 
 class FakeNvml:

@@ -1,7 +1,13 @@
 """Emulated-cluster specs, launch command lines and the cluster's wiring plan: pure, no root needed."""
 import pytest
 
-from ddl import cluster, ddlrun, emulate, mpirun
+from ddl import cluster
+
+from ddl.tools import ddlrun
+
+from ddl.cluster import spec as emulate
+
+from ddl.runner import mpirun
 from ddl.errors import TopologyError
 
 
@@ -116,13 +122,13 @@ def test_ddlrun_dry_run_prints_the_emulated_command(capsys, monkeypatch):
 
 
 def test_without_root_every_entry_point_says_why(monkeypatch, capsys):
-    monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(cluster.emulated.os, "geteuid", lambda: 1000)
     assert "needs root" in cluster.available()
     with pytest.raises(cluster.ClusterError, match="needs root"):
         cluster.Cluster("2x1").up()
     assert ddlrun.main(["--emulate", "2x1", "python", "x.py"]) == 2
     assert "needs root" in capsys.readouterr().err
-    from ddl import cluster_cli
+    from ddl.tools import cluster as cluster_cli
 
     assert cluster_cli.main(["up", "2x1"]) == 2
     assert "needs root" in capsys.readouterr().err

@@ -1,11 +1,13 @@
-"""Fused buffers (ddl.fusion) and the rule that `import ddl` pulls in no training framework."""
+"""Fused buffers (ddl.core.fusion) and the rule that `import ddl` pulls in no training framework."""
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from ddl import Communicator, fusion
+from ddl import Communicator
+
+from ddl.core import fusion
 
 
 def test_buckets_follow_order_within_a_dtype_and_respect_the_threshold():

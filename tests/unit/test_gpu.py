@@ -10,7 +10,7 @@ import pytest
 
 import ddl
 from ddl import _native, gpu
-from ddl.device_arrays import is_device_array, view
+from ddl.gpu.arrays import is_device_array, view
 from ddl.errors import DDLError, DeviceError
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -24,12 +24,12 @@ def fakes(tmp_path, monkeypatch):
     env = build(str(tmp_path))
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(gpu, "_LIBS", {})
+    monkeypatch.setattr(gpu.libraries, "_LIBS", {})
     return env
 
 
 def test_missing_driver_and_nccl_are_named(monkeypatch, tmp_path):
-    monkeypatch.setattr(gpu, "_LIBS", {})
+    monkeypatch.setattr(gpu.libraries, "_LIBS", {})
     monkeypatch.setenv("DDL_CUDA_DRIVER", str(tmp_path / "libcuda.so.1"))
     with pytest.raises(DeviceError, match="cannot load the CUDA driver library .*libcuda.so.1"):
         gpu.load_driver()
@@ -156,7 +156,7 @@ def test_device_array_views_see_pointer_shape_dtype_stream():
 
 
 def test_without_a_gpu_ddl_says_why_on_a_device_call(monkeypatch, tmp_path):
-    monkeypatch.setattr(gpu, "_LIBS", {})
+    monkeypatch.setattr(gpu.libraries, "_LIBS", {})
     monkeypatch.setenv("DDL_CUDA_DRIVER", str(tmp_path / "nothing.so"))
     comm = ddl.Communicator(None, 0, 1)
     with pytest.raises(DDLError, match="cannot load the CUDA driver library"):

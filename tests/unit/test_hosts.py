@@ -1,8 +1,8 @@
 """Host lists from -H, host files, rankfiles and the schedulers (pure parsing; environments are mocked)."""
 import pytest
 
-from ddl import hosts
-from ddl.hosts import Host, HostError
+from ddl.runner import hosts
+from ddl.runner.hosts import Host, HostError
 
 
 def test_host_list_with_and_without_slots():

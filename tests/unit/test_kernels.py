@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ddl import _native
-from ddl.dtypes import raw
+from ddl.core.dtypes import raw
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32),

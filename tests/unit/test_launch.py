@@ -2,15 +2,21 @@
 and MPICH, across flags and schedulers. Pure: the machine is described, the MPI flavour mocked, nothing runs."""
 import pytest
 
-from ddl import ddlrun, hosts, launch, mpirun
-from ddl.hosts import Host
-from ddl.launch import LaunchError, Machine, Request
+from ddl.tools import ddlrun
+
+from ddl.runner import hosts
+
+from ddl.runner import launch
+
+from ddl.runner import mpirun
+from ddl.runner.hosts import Host
+from ddl.runner.launch import LaunchError, Machine, Request
 
 PY = "/v/bin/python"
 GPU_BOX = Machine("login", cores=8, gpus=4, root=False, python=PY,
                   environ={"PATH": "/v/bin:/usr/bin", "HOME": "/h", "DDL_ALGO": "ring", "VIRTUAL_ENV": "/v"})
 CPU_BOX = Machine("laptop", cores=2, gpus=0, root=True, python=PY, environ={"PATH": "/usr/bin"})
-SHIM = [PY, "-m", "ddl.rankenv"]
+SHIM = [PY, "-m", "ddl.runner.rankenv"]
 
 
 def commands(req, here=GPU_BOX):
@@ -187,7 +193,7 @@ def test_dry_run_prints_a_copy_pastable_command(monkeypatch, capsys):
     assert err.strip().splitlines()[-1] == (
         "+ OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 /v/bin/mpiexec -n 4 --host a,a,b,b "
         "--map-by seq --bind-to none -x 'DDL_OPTIONS=-mode p:2x2x1x1' -x 'DDL_HOST_LIST=a:0,1;b:2,3' "
-        "-x PATH /v/bin/python -m ddl.rankenv python t.py --lr 0.1")
+        "-x PATH /v/bin/python -m ddl.runner.rankenv python t.py --lr 0.1")
 
 
 def test_dry_run_inside_slurm_uses_the_jobs_hosts(monkeypatch, capsys):
@@ -224,7 +230,7 @@ def test_mpi_choice_must_match_the_launcher_found(monkeypatch, capsys):
 
 
 def _tree_for(mode: str, hosts: list[str]):
-    from ddl.communicator import Communicator
+    from ddl.core.communicator import Communicator
     from ddl.options import parse
 
     reports = [{"host": h, "numa": None, "gpus": []} for h in hosts]

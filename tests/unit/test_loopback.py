@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ddl import DDLError, MismatchError, TransportError, _native
-from ddl.communicator import Communicator
+from ddl.core.communicator import Communicator
 from ddl.options import parse
 
 BASE = replace(parse("", environ={}), timeout=20.0)
@@ -279,7 +279,7 @@ def test_hierarchical_allreduce_over_loopback(tree):
     for r in range(p):
         for got, (n, dt) in zip(results[r], cases):
             np.testing.assert_array_equal(got, expected(p, n, dt, "sum").astype(dt))
-    assert comms[0]._plans[("allreduce", 50_001, 4)].algorithm.startswith("hierarchical(")
+    assert comms[0].allreduce_plan(50_001, 4).algorithm.startswith("hierarchical(")
 
 
 def test_mode_dims_make_a_hierarchy_and_bad_ones_are_refused():

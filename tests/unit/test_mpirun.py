@@ -1,7 +1,7 @@
 """mpiexec command building (pure: the flavour is mocked, nothing is launched)."""
 from unittest import mock
 
-from ddl import mpirun
+from ddl.runner import mpirun
 
 
 def test_open_mpi_gets_root_oversubscribe_and_timeout_settings():

@@ -1,8 +1,8 @@
 """Compiling programs for the executor: blocks, scratch and staging decided in Python."""
 import numpy as np
 
-from ddl.algorithms import recursive_doubling_allreduce, ring_allreduce
-from ddl.plan import compile_blocks, native_program, program_rows
+from ddl.schedule.algorithms import recursive_doubling_allreduce, ring_allreduce
+from ddl.schedule.compile import compile_blocks, native_program, program_rows
 
 KIND, SCRATCH, WAIT = 0, 6, 7
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ddl import planner
-from ddl.check import check
-from ddl.hierarchical import from_dims, leaves, normalize
+from ddl.schedule.check import check
+from ddl.topology.tree import from_dims, leaves, normalize
 from ddl.schedule import Collective, Op, Schedule
 from ddl.topology import LevelCost
 

@@ -1,4 +1,4 @@
-"""The per-rank variables (ddl.rankenv) and the pre-launch checks (ddl.prelaunch) with stand-in ssh commands:
+"""The per-rank variables (ddl.runner.rankenv) and the pre-launch checks (ddl.runner.prelaunch) with stand-in ssh commands:
 real subprocesses, fake remote hosts."""
 import json
 import os
@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-from ddl import prelaunch, rankenv
+from ddl.runner import prelaunch
+
+from ddl.runner import rankenv
 
 
 def test_rank_variables_from_open_mpi_and_the_host_list():

@@ -5,10 +5,16 @@ import json
 
 import pytest
 
-from ddl import discover, links, planner, topo_cli, topology
-from ddl.check import check
+from ddl import planner, topology
+
+from ddl.topology import discover
+
+from ddl.topology import links
+
+from ddl.tools import topo as topo_cli
+from ddl.schedule.check import check
 from ddl.errors import TopologyError
-from ddl.hierarchical import leaves
+from ddl.topology.tree import leaves
 from ddl.schedule import Collective, Schedule
 
 SMALL = [m for m in topology.library() if m not in ("summit", "dgx-h100-superpod")]

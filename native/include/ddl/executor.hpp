@@ -35,6 +35,12 @@ struct Step {
   int32_t wait_sends;  // apply only after this round's sends completed (they read the range it writes)
 };
 
+// A step crosses from Python as one row of int64, one per field of Step, in this order; Python reads the order
+// from here (ddl._native.STEP_FIELDS) and the kind codes from StepKind, so the layout is declared only here.
+inline constexpr const char* kStepFieldNames[] = {"kind",   "peer",  "round",   "tag",
+                                                  "offset", "count", "scratch", "wait_sends"};
+inline constexpr size_t kStepFields = sizeof(kStepFieldNames) / sizeof(kStepFieldNames[0]);
+
 struct Program {
   std::vector<Step> steps;          // sorted by round
   std::vector<size_t> round_begin;  // steps of round r: [round_begin[r], round_begin[r + 1])
@@ -73,8 +79,7 @@ struct RunOptions {
   BlockHooks* hooks = nullptr;     // not owned
 };
 
-// Builds a Program from rows of 8 int64 (kind, peer, round, tag, offset, count, scratch, wait_sends), sorted
-// by round.
+// Builds a Program from rows of kStepFields int64 (kStepFieldNames' order), sorted by round.
 Program make_program(const int64_t* rows, size_t nrows, int64_t scratch_elems, int32_t tags);
 
 // Runs plans over one transport. Keeps its scratch between runs; after a TransportError it refuses to run

@@ -1,0 +1,103 @@
+"""The agreement round that starts every collective.
+
+A recursive-doubling exchange in rank order whose messages carry a 64-bit hash of each rank's call (the
+collective, shape, dtype, op, root, and the settings that shape the plan). Each receive merges the hashes by
+max and -min, so afterwards every rank knows whether all ranks made the same call. When they did not, every
+rank learns what each rank called (a fixed-size report per rank) and raises the same MismatchError; nothing
+is reduced. Small payloads ride in the round itself. Every receive accepts the same fixed capacity, so a rank
+with a different call can never overflow one.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Callable
+
+import numpy as np
+
+from .. import _native
+from ..errors import DDLError, MismatchError
+from ..schedule.algorithms import ALLREDUCE, recursive_doubling_allreduce
+from ..schedule.compile import CompiledPipeline, compile_blocks
+from .dtypes import raw
+from .plans import PlanCache
+
+CAPACITY = 65536   # bytes of payload every agreement receive accepts, whatever a rank's own call
+REPORT_BYTES = 512  # per rank, when ranks disagree and tell each other what they called
+_HASH_CACHE = 1024
+
+
+def hash64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+class Agreement:
+    """One communicator's agreement rounds. ``execute(pipeline, buffer, RunOptions) -> agreed`` runs a plan on
+    the communicator's executor; ``settings`` are the plan-shaping settings every call's hash includes."""
+
+    def __init__(self, rank: int, size: int, settings: str, plans: PlanCache, execute: Callable, timeout: float):
+        self.rank, self.size, self.settings = rank, size, settings
+        self._plans, self._execute, self._timeout = plans, execute, timeout
+        self._hashes: dict[str, int] = {}
+
+    def hash(self, call: str) -> int:
+        h = self._hashes.get(call)
+        if h is None:
+            if len(self._hashes) > _HASH_CACHE:
+                self._hashes.clear()
+            h = self._hashes[call] = hash64(f"{call} | {self.settings}")
+        return h
+
+    def plan(self, count: int) -> CompiledPipeline:
+        # Rank order, never the tree: ranks whose settings differ must still pair up to find out that they do.
+        return self._plans.get(("agree", count), lambda: compile_blocks(
+            lambda n: recursive_doubling_allreduce(self.rank, self.size, n, keep_empty=True),
+            count, max(count, 1), 1, "recursive_doubling"))
+
+    def options(self, call: str, dtype, op, **extra) -> "_native.RunOptions":
+        return _native.RunOptions(dtype, op, self._timeout, call, header=self.hash(call), capacity=CAPACITY,
+                                  **extra)
+
+    def agree(self, call: str, problem: str | None, work: np.ndarray | None = None,
+              dtype=_native.DType.uint8, op=_native.ReduceOp.sum) -> None:
+        """The round, reducing ``work`` (None: no payload) in it. Raises on every rank if ranks disagree, or
+        if they all agree on the same invalid call."""
+        text = problem or call
+        work = np.empty(0, np.uint8) if work is None else work
+        if not self._execute(self.plan(work.size), raw(work), self.options(text, dtype, op)):
+            self.report_mismatch(text)
+        if problem:
+            raise DDLError(f"rank {self.rank}: {problem}")
+
+    def report_mismatch(self, mine: str) -> None:
+        """All ranks are here together: exchange what each called and with which settings (fixed-size slots,
+        summed in a plan that no setting can change), then raise the same MismatchError everywhere."""
+        slots = np.zeros(self.size * REPORT_BYTES, dtype=np.uint8)
+        text = f"{mine} | {self.settings}".encode()[:REPORT_BYTES]
+        slots[self.rank * REPORT_BYTES:self.rank * REPORT_BYTES + len(text)] = np.frombuffer(text, np.uint8)
+        words = slots.view(np.int64)
+        plan = compile_blocks(lambda n: ALLREDUCE["ring"](self.rank, self.size, n), words.size, words.size, 1,
+                              "ring")
+        self._execute(plan, words, _native.RunOptions(_native.DType.int64, _native.ReduceOp.sum, self._timeout,
+                                                      "ddl mismatch report"))
+        reports = [slots[r * REPORT_BYTES:(r + 1) * REPORT_BYTES].tobytes().rstrip(b"\0").decode(errors="replace")
+                   for r in range(self.size)]
+        calls = [t.split(" | ")[0] for t in reports]
+        # Name the calls; only when every rank made the same call did the settings differ.
+        keys = reports if len(set(calls)) == 1 else calls
+        groups: dict[str, list[int]] = {}
+        for r, k in enumerate(keys):
+            groups.setdefault(k, []).append(r)
+        detail = "; ".join(f"ranks {ranges(rs)}: {k}" for k, rs in groups.items())
+        raise MismatchError(f"rank {self.rank}: ranks called ddl differently: {detail}")
+
+
+def ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'"""
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(f"{start}-{r}" if r > start else f"{r}")
+            start = None
+    return ",".join(parts)

@@ -1,0 +1,397 @@
+"""A group of ranks and the collectives ddl runs on it (host arrays; GPU arrays go through ddl.core.devices).
+
+Every collective starts with an agreement round (ddl.core.agreement): ranks whose calls differ all raise
+MismatchError and nothing is reduced. Small payloads ride in that round (one latency-optimal exchange); large
+ones follow a pipelined plan chosen by the planner and compiled once per size (ddl.core.plans). A rank whose
+arguments are invalid still takes part, with its error as its call, so its peers raise too instead of
+waiting for a message that never comes.
+
+The public seam other parts build on (ddl.gpu, the frameworks): ``lock`` (held around a collective's steps),
+``agree``, ``allreduce_plan``, ``execute``, ``plan_for``, ``mpi_comm``, plus the collectives themselves.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _native
+from ..errors import DDLError
+from ..options import Options, parse
+from ..planner import Plan, Shape, choose, label, latency_phases, pipelined, predict, program
+from ..planner.explain import Explanation, explain
+from ..planner.sources import choose_tree
+from ..schedule.algorithms import binomial_broadcast, ring_allgather
+from ..schedule.compile import CompiledPipeline, compile_blocks, native_program
+from ..topology import discover
+from ..topology import tree as hierarchical
+from . import devices
+from .agreement import CAPACITY, Agreement, hash64
+from .diagnostics import CallTimer, check_against_mpi
+from .dtypes import native_dtype, native_op, raw
+from .packing import pack_groups
+from .plans import PlanCache
+
+_BYTE = _native.DType.uint8
+_SUM = _native.ReduceOp.sum
+_SIGNATURE_CACHE = 1024
+
+
+def default_block_bytes(nbytes: int) -> int:
+    """Pipeline block size: blocks large enough that per-message costs stay small (at least 1 MiB: smaller
+    ones measured slower on shared memory), and at least 4 blocks for buffers from 4 MiB, so that reducing
+    one block overlaps moving the next."""
+    return min(4 << 20, max(1 << 20, nbytes // 4))
+
+
+@dataclass(frozen=True)
+class _Signature:
+    """What an allreduce call signature means, worked out once: small allreduces would otherwise spend most
+    of their time formatting, hashing and validating."""
+    text: str                    # the call, as error messages show it
+    dtype: object                # _native.DType, None if invalid
+    op: object                   # _native.ReduceOp, None if invalid
+    problem: str | None          # why the call is invalid on this rank
+    plan: CompiledPipeline       # the agreement round's plan (with the payload when fused)
+    fused: bool                  # the payload rides in the agreement round
+    factor: float                # 1/size for avg
+    options: object              # _native.RunOptions of the fused run (None otherwise)
+
+
+class Communicator:
+    """Runs ddl's collectives among the ranks of one executor (MPI or loopback) or alone (size 1)."""
+
+    def __init__(self, executor, rank: int, size: int, options: Options | None = None, mpi_comm=None,
+                 local: tuple[int, int, int] | None = None, hierarchy=None, topology=None,
+                 reports: list[dict] | None = None):
+        self.options = o = options or parse()
+        self._executor = executor
+        self._mpi = mpi_comm  # kept alive for the executor; also the reference for -check
+        self.rank, self.size = rank, size
+        self.local_rank, self.local_size, self.num_hosts = local or (rank, size, 1)
+        self.lock = threading.Lock()  # one collective's steps at a time (ddl.gpu holds it around its own)
+        self.hosts = [r["host"] for r in reports] if reports else None  # each rank's host, in rank order
+        if o.mode is not None:
+            o.mode.check_size(size)
+        try:
+            choice = choose_tree(o, rank, size, hierarchy, topology, reports)
+        except DDLError as e:  # the same error type, always naming the rank
+            raise type(e)(str(e) if str(e).startswith("rank ") else f"rank {rank}: {e}") from None
+        self.tree, self.levels, self.topology, self._forced = choice.tree, choice.levels, choice.topology, choice.forced
+        self.hierarchy = self.tree if hierarchical.depth(self.tree) >= 2 else None
+        self._algos = tuple(o.algo.split(","))
+        self._small = min(o.small_bytes, CAPACITY)
+        self._chosen: dict[int, Plan] = {}
+        self._signatures: dict = {}
+        self._plans = PlanCache(rank, o.dbg_level >= 1)
+        self._timer = CallTimer(o.dump_iter, rank) if o.dump_iter else None
+        self._devices = None  # ddl.core.devices' collectives, made on the first GPU array
+        self.plan_for(1)  # a forced algorithm list that does not fit the tree fails here, not mid-training
+        # Settings that shape plans must match across ranks: they go into every call's hash.
+        shape = f"{hierarchical.describe(self.tree)} {[lv.to_dict() for lv in self.levels]} {self._forced}"
+        settings = (f"algo={o.algo} segment={o.segment} inflight={o.inflight} small={self._small} "
+                    f"tree={hash64(shape) & 0xffffffff:08x}")
+        self._agreement = Agreement(rank, size, settings, self._plans, self.execute, o.timeout)
+
+    # -- construction -----------------------------------------------------------------------------------
+
+    @classmethod
+    def from_mpi(cls, comm, options: Options | None = None, hierarchy=None, topology=None) -> "Communicator":
+        """ddl on an mpi4py communicator; it works on a private duplicate so its messages never meet yours.
+        At creation the ranks exchange what they see of their machine (ddl.topology.discover); large
+        allreduces then follow the topology found, or the one given (ddl.planner.sources)."""
+        dup = comm.Dup()
+        reports, where = discover.exchange(dup)
+        executor = _native.Executor.mpi(dup) if dup.size > 1 else None
+        return cls(executor, dup.rank, dup.size, options or parse(), mpi_comm=dup, local=where,
+                   hierarchy=hierarchy, topology=topology, reports=reports)
+
+    @classmethod
+    def loopback(cls, hub, rank: int, options: Options | None = None,
+                 hierarchy=None, topology=None) -> "Communicator":
+        """One member of an in-process group (threads of one process share ``hub``, a _native.LoopbackHub)."""
+        return cls(_native.Executor.loopback(hub, rank), rank, hub.size, options, hierarchy=hierarchy,
+                   topology=topology)
+
+    def close(self) -> None:
+        """Releases the communicator; any later collective on it raises DDLError. After a transport failure
+        the MPI duplicate is kept, never freed: messages of the failed call may still be queued under its
+        context id, and MPI would give that id to the next communicator, where they would match."""
+        broken = self._executor is not None and not isinstance(self._executor, _Closed) and self._executor.broken
+        if self._devices is not None:
+            self._devices.close()
+            self._devices = None
+        self._executor = _Closed()
+        if self._mpi is not None:
+            if broken:
+                _KEPT_AFTER_FAILURE.append(self._mpi)
+            else:
+                self._mpi.Free()
+            self._mpi = None
+
+    # -- the seam other parts build on ------------------------------------------------------------------
+
+    @property
+    def mpi_comm(self):
+        """The MPI communicator ddl runs on (a private duplicate; None for loopback or alone)."""
+        return self._mpi
+
+    def execute(self, plan: CompiledPipeline, buffer, options) -> bool:
+        """Runs a compiled pipeline on this communicator's executor (``_native.RunOptions``); returns whether
+        every rank's header agreed (True without one). The caller holds ``lock`` and has agreed first."""
+        return self._executor.run(plan.native, buffer, options)
+
+    def agree(self, call: str, problem: str | None = None) -> None:
+        """An agreement round with no payload: raises on every rank when ranks called differently, or when
+        ``problem`` (this rank's reason its call is invalid) is set anywhere."""
+        if self.size > 1:
+            self._agreement.agree(call, problem)
+        elif problem:
+            raise DDLError(f"rank {self.rank}: {problem}")
+
+    def plan_for(self, nbytes: int) -> Plan:
+        """The plan an allreduce of ``nbytes`` follows (the same on every rank), chosen once per size."""
+        if self._forced is not None:
+            return self._forced
+        plan = self._chosen.get(nbytes)
+        if plan is None:
+            o, flat = self.options, len(self.levels) == 1
+            try:
+                plan = choose(self.tree, self.levels, nbytes, self._algos,
+                              o.segment or (default_block_bytes(nbytes) if flat else None),
+                              o.inflight or (2 if flat else None))
+            except ValueError as e:
+                raise DDLError(f"rank {self.rank}: {e}") from None
+            if len(self._chosen) > _SIGNATURE_CACHE:
+                self._chosen.clear()
+            self._chosen[nbytes] = plan
+        return plan
+
+    def allreduce_plan(self, count: int, itemsize: int) -> CompiledPipeline:
+        """This rank's compiled pipeline for an allreduce of ``count`` elements of ``itemsize`` bytes."""
+        def build():
+            choice = self.plan_for(count * itemsize)
+            return compile_blocks(lambda n: program(self.rank, choice, n), count,
+                                  max(1, choice.block_bytes // itemsize), choice.inflight, label(choice))
+
+        return self._plans.get(("allreduce", count, itemsize), build)
+
+    def explain(self, nbytes: int) -> Explanation:
+        """What an allreduce of ``nbytes`` would do here: levels, groups, algorithms, bytes per link kind,
+        predicted time against the topology's lower bound (the same as ``ddl-topo --plan``)."""
+        return explain(self.plan_for(nbytes), nbytes)
+
+    # -- allreduce ----------------------------------------------------------------------------------------
+
+    def _fused(self, nbytes: int) -> bool:
+        """Small payloads ride in the agreement round where recursive doubling is what the plan would do
+        anyway (on a slow uplink a 64 KiB payload is better scattered through the hierarchy)."""
+        if nbytes > self._small or self.options.algo not in ("auto", "recursive_doubling"):
+            return False
+        plan = self.plan_for(nbytes)
+        if len(self.levels) == 1 or plan.shape == "latency":
+            return True
+        # The planned path pays a separate agreement round (no payload) before its own rounds.
+        shape = Shape.of(self.tree)
+        fused = pipelined(latency_phases(shape, self.levels, nbytes), 1)
+        agreement = pipelined(latency_phases(shape, self.levels, 0), 1)
+        return fused <= predict(plan, nbytes)[0] + agreement
+
+    def _signature(self, shape, dtype: np.dtype, op) -> _Signature:
+        key = (shape, dtype, op if isinstance(op, str) else repr(op))
+        sig = self._signatures.get(key)
+        if sig is None:
+            problem, code, rop = None, None, None
+            try:
+                code, rop = native_dtype(dtype), native_op(op, dtype)
+            except DDLError as e:
+                problem = str(e)
+            count = int(np.prod(shape, dtype=np.int64))
+            fused = problem is None and self.size > 1 and self._fused(count * dtype.itemsize)
+            text = f"allreduce(shape={shape}, dtype={dtype}, op={op})"
+            factor = 1.0 / self.size if op == "avg" else 1.0
+            plan = self._agreement.plan(count if fused else 0) if self.size > 1 else None
+            options = self._agreement.options(text, code, rop, factor=factor) if fused else None
+            sig = _Signature(text, code, rop, problem, plan, fused, factor, options)
+            if len(self._signatures) > _SIGNATURE_CACHE:
+                self._signatures.clear()
+            self._signatures[key] = sig
+        return sig
+
+    def allreduce(self, array, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
+        if devices.is_device_array(array):
+            return self._device().allreduce(array, op, out)
+        started = time.perf_counter() if self._timer else 0.0
+        a = np.asarray(array)
+        sig = self._signature(a.shape, a.dtype, op)
+        problem = sig.problem
+        if out is not None and problem is None:
+            problem = _out_problem(out, a)
+        if self.size == 1:
+            result = _deliver(self._alone(a, problem), out)
+        elif problem is None and sig.fused and self.options.check is None:
+            result = self._small_allreduce(a, out, sig)
+        else:
+            result = self._large_allreduce(a, out, op, sig, problem)
+        if self._timer:
+            self._timer.add(time.perf_counter() - started, a.nbytes)
+        return result
+
+    def _small_allreduce(self, a: np.ndarray, out, sig: _Signature) -> np.ndarray:
+        """The whole call is the agreement round: one native call, one latency-optimal exchange."""
+        src = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+        dst = out if out is not None and out.flags.c_contiguous else np.empty(a.shape, a.dtype)
+        with self.lock:
+            if not self._executor.run(sig.plan.native, raw(src), sig.options, raw(dst)):
+                self._agreement.report_mismatch(sig.text)
+        return _deliver(dst, out)
+
+    def _large_allreduce(self, a: np.ndarray, out, op: str, sig: _Signature, problem: str | None) -> np.ndarray:
+        """Agreement round without payload, then the pipelined plan on the result buffer."""
+        original = a.copy() if self.options.check is not None else a
+        with self.lock:
+            self._agreement.agree(sig.text, problem)
+            work = _work_buffer(a, out)
+            self._run_allreduce(work, sig.dtype, sig.op, sig.text, sig.factor)
+            if self.options.check is not None:
+                check_against_mpi(self._mpi, self.rank, self.size, self.options.check, original, work, op, sig.text)
+        return _deliver(work.reshape(a.shape), out)
+
+    def _run_allreduce(self, flat: np.ndarray, dtype, op, label: str, factor: float = 1.0) -> None:
+        """ddl's own allreduce of a contiguous 1-D buffer, in place, with no agreement round."""
+        if flat.size == 0:
+            return
+        plan = self.allreduce_plan(flat.size, flat.itemsize)
+        self.execute(plan, raw(flat), _native.RunOptions(dtype, op, self.options.timeout, label, factor=factor))
+
+    def allreduce_n(self, arrays, op: str = "sum", average: bool | None = None) -> list[np.ndarray]:
+        """Many arrays in one allreduce per dtype: packed into one buffer, reduced, unpacked (IBM's name;
+        IBM's ``average=True`` means op 'avg')."""
+        if average is not None:
+            op = "avg" if average else op
+        arrays = list(arrays)
+        if any(devices.is_device_array(x) for x in arrays):
+            return self._device().allreduce_n(arrays, op)
+        arrays = [np.asarray(x) for x in arrays]
+        return pack_groups(arrays, [x.dtype.str for x in arrays], lambda idx: self.allreduce(
+            np.concatenate([arrays[i].reshape(-1) for i in idx]), op))
+
+    # -- broadcast, allgather, barrier -------------------------------------------------------------------
+
+    def broadcast(self, array, root: int = 0) -> np.ndarray:
+        """A copy of root's array on every rank (any fixed-size dtype; every rank passes the same shape)."""
+        if devices.is_device_array(array):
+            return self._device().broadcast(array, root)
+        a = np.asarray(array)
+        problem = _unmovable(a, "broadcast")
+        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            problem = f"broadcast root {root!r} is not a rank of this communicator (0..{self.size - 1})"
+        if self.size == 1:
+            return self._alone(a, problem)
+        call = f"broadcast(shape={a.shape}, dtype={a.dtype}, root={root})"
+        result = np.array(a, order="C")
+        data = result.reshape(-1).view(np.uint8)
+        with self.lock:
+            self._agreement.agree(call, problem)
+            block = self.options.segment or default_block_bytes(data.size)
+            plan = self._plans.get(("broadcast", data.size, root), lambda: compile_blocks(
+                lambda n: binomial_broadcast(self.rank, self.size, n, root), data.size, block,
+                self.options.inflight or 2, "binomial"))
+            self.execute(plan, data, _native.RunOptions(_BYTE, _SUM, self.options.timeout, call))
+        return result
+
+    bcast = broadcast
+
+    def allgather(self, array) -> np.ndarray:
+        """Every rank's array concatenated along the first axis, in rank order (first dims may differ)."""
+        if devices.is_device_array(array):
+            return self._device().allgather(array)
+        a = np.asarray(array)
+        problem = _unmovable(a, "allgather")
+        if a.ndim == 0:
+            problem = "allgather needs at least one dimension (it concatenates along the first)"
+        if self.size == 1:
+            return self._alone(a, problem)
+        call = f"allgather(shape=(*, {', '.join(map(str, a.shape[1:]))}), dtype={a.dtype})"
+        rows = np.zeros(self.size, dtype=np.int64)
+        rows[self.rank] = a.shape[0] if a.ndim else 0
+        with self.lock:
+            if rows.nbytes <= self._small:
+                self._agreement.agree(call, problem, rows, _native.DType.int64, _SUM)
+            else:
+                self._agreement.agree(call, problem)
+                self._run_allreduce(rows, _native.DType.int64, _SUM, call)
+            row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+            ends = np.cumsum(rows) * row_bytes
+            layout = tuple((int(e - n * row_bytes), int(n * row_bytes)) for e, n in zip(ends, rows))
+            result = np.empty((int(rows.sum()),) + a.shape[1:], dtype=a.dtype)
+            data = result.reshape(-1).view(np.uint8)
+            off, n = layout[self.rank]
+            data[off:off + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+            plan = self._plans.get(("allgather", layout), lambda: CompiledPipeline(
+                _native.Pipeline([native_program(ring_allgather(self.rank, self.size, layout))],
+                                 np.zeros((1, 2), np.int64), 1), "ring", data.size, data.size, 1, 1))
+            self.execute(plan, data, _native.RunOptions(_BYTE, _SUM, self.options.timeout, call))
+        return result
+
+    def barrier(self) -> None:
+        """Returns once every rank has entered the barrier (an agreement round with no data)."""
+        if self.size > 1:
+            with self.lock:
+                self._agreement.agree("barrier()", None)
+
+    def _alone(self, a: np.ndarray, problem: str | None) -> np.ndarray:
+        """Any collective on one rank: a copy of the input, or the error."""
+        if problem:
+            raise DDLError(f"rank {self.rank}: {problem}")
+        return np.array(a, order="C")
+
+    def _device(self):
+        if self._devices is None:
+            self._devices = devices.collectives_for(self)
+        return self._devices
+
+
+_KEPT_AFTER_FAILURE: list = []  # MPI communicators of failed calls (see Communicator.close)
+
+
+class _Closed:
+    """Stands in for the executor of a closed communicator."""
+
+    def __getattr__(self, name):
+        raise DDLError("this ddl communicator was closed (ddl.finalize() or Communicator.close())")
+
+
+def _unmovable(a: np.ndarray, what: str) -> str | None:
+    return f"cannot {what} dtype {a.dtype} (objects have no fixed size)" if a.dtype.hasobject else None
+
+
+def _out_problem(out, a: np.ndarray) -> str | None:
+    if not isinstance(out, np.ndarray):
+        return f"out must be a numpy array, not {type(out).__name__}"
+    if not out.flags.writeable:
+        return "out is read-only"
+    if out.shape != a.shape or out.dtype != a.dtype:
+        return f"out has shape {out.shape} and dtype {out.dtype}; the input has {a.shape}, {a.dtype}"
+    return None
+
+
+def _work_buffer(a: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """The flat buffer the plan runs on: out itself when it can be (in place), else a fresh C-ordered copy."""
+    if out is not None and out.flags.c_contiguous:
+        if out is not a:  # copy through a temporary when the two may overlap
+            np.copyto(out, a.copy() if np.may_share_memory(out, a) else a)
+        return out.reshape(-1)
+    return np.array(a, order="C").reshape(-1)
+
+
+def _deliver(result: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """``result`` into ``out`` unless it already lives there (as out itself or a reshaped view of it)."""
+    if out is None:
+        return result
+    if result is not out and (result.__array_interface__["data"][0] != out.__array_interface__["data"][0]
+                              or result.shape != out.shape):
+        np.copyto(out, result)
+    return out

@@ -1,0 +1,230 @@
+"""The planner's cost model: the shape of a tree of ranks, the phases an allreduce runs through (per level,
+per algorithm), the bytes and seconds each level's links carry under the α–β–γ model, pipelining, and the
+topology's lower bound. Pure arithmetic over (tree, levels, size): no MPI, no plans."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..topology import links
+from ..topology.tree import depth
+
+LEVEL_ALGORITHMS = ("ring", "rabenseifner", "direct")
+TOP_ALGORITHMS = ("ring", "rabenseifner", "recursive_doubling", "direct", "exchange")
+MIN_BLOCK_BYTES = 64 << 10  # smaller blocks measured slower on TCP links (per-message costs the model lacks)
+MAX_BLOCKS = 256
+
+
+def _pof2(g: int) -> bool:
+    return g & (g - 1) == 0
+
+
+def effective_algorithm(algo: str, g: int) -> str:
+    return "ring" if algo == "rabenseifner" and not _pof2(g) else algo
+
+
+def _lg(g: int) -> int:
+    return g.bit_length() - 1
+
+
+# -- the shape of a tree ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the plan needs to know about a normalized tree, per level (innermost first; the last is the top)."""
+
+    depth: int
+    sizes: tuple[tuple[int, ...], ...]   # distinct group sizes per level
+    under: tuple[int, ...]               # fewest ranks under one child of a group, per level
+    groups: tuple[int, ...]              # groups per level
+    nranks: int
+
+    @classmethod
+    def of(cls, tree) -> "Shape":
+        d = depth(tree)
+        sizes: list[set] = [set() for _ in range(d)]
+        under = [math.inf] * d
+        groups = [0] * d
+
+        def walk(t, level):  # returns the number of ranks under t
+            sizes[level].add(len(t))
+            groups[level] += 1
+            n = [1] * len(t) if level == 0 else [walk(c, level - 1) for c in t]
+            under[level] = min(under[level], min(n))
+            return sum(n)
+
+        total = walk(tree, d - 1)
+        return cls(d, tuple(tuple(sorted(s)) for s in sizes), tuple(int(u) for u in under), tuple(groups), total)
+
+    def top(self) -> int:
+        return self.sizes[-1][0]
+
+
+def level_rounds(algo: str, g: int) -> int:
+    """Rounds of one reduce-scatter (or one allgather) among g ranks."""
+    if g == 1:
+        return 0
+    return {"ring": g - 1, "rabenseifner": _lg(g), "direct": 1}[effective_algorithm(algo, g)]
+
+
+def top_rounds(algo: str, g: int) -> int:
+    if g == 1:
+        return 0
+    fold = 2 if not _pof2(g) else 0
+    return {"ring": 2 * (g - 1), "rabenseifner": 2 * _lg(g) + fold, "recursive_doubling": _lg(g) + fold,
+            "direct": 2, "exchange": 1}[algo]
+
+
+# -- plans: what every rank agrees on ------------------------------------------------------------------------
+
+
+def _root_up(p: int, r: int) -> int:
+    """The least k with k**r >= p."""
+    k = max(1, int(round(p ** (1 / r))))
+    while k ** r < p:
+        k += 1
+    while k > 1 and (k - 1) ** r >= p:
+        k -= 1
+    return k
+
+
+def _entities(s: Shape, level: int) -> int:
+    return s.groups[level - 1] if level else s.nranks
+
+
+# -- the cost model ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Phase:
+    level: int
+    what: str            # "reduce-scatter", "allreduce", "allgather", "recursive doubling"
+    algorithm: str
+    rounds: int
+    seconds: float       # for the whole buffer, unpipelined
+    latency: float       # the part every block pays whole
+    link_bytes: float    # bytes one child of a group sends over the level's links
+    compute: float = 0.0  # seconds of reducing, per rank
+
+
+def phases(shape: Shape, levels, algorithms, nbytes: float) -> list[Phase]:
+    """The plan's phases in order with their predicted cost (alpha-beta-gamma per level; see module doc).
+    At level l a child of a group (a rank, a socket, a node) holds the whole vector spread over its ranks and
+    moves it through its links at the level's bandwidth; each rank reduces its own part."""
+    top = shape.depth - 1
+    rs, last = [], None
+    for lvl in range(shape.depth):
+        c, g, algo = levels[lvl], max(shape.sizes[lvl]), algorithms[lvl]
+        m = nbytes / shape.under[lvl]  # bytes per rank entering this level
+        if lvl < top:
+            r = max(level_rounds(algo, h) for h in shape.sizes[lvl])
+            extra = (g - 1 - r) if algo == "direct" else 0  # further messages posted in a direct round
+            lat = r * c.alpha + extra * links.SOFTWARE_OVERHEAD
+            sent = (g - 1) / g * nbytes
+            red = (g - 1) / g * m * c.gamma
+            rs.append(Phase(lvl, "reduce-scatter", algo, r, lat + sent / c.bandwidth + red, lat, sent, red))
+            continue
+        r = top_rounds(algo, g)
+        extra = {"direct": 2 * (g - 2), "exchange": g - 2}.get(algo, 0) if g > 1 else 0
+        lat = r * c.alpha + extra * links.SOFTWARE_OVERHEAD
+        fold = 1.0 if not _pof2(g) and algo in ("rabenseifner", "recursive_doubling") else 0.0
+        if algo == "recursive_doubling":
+            sent, red = (_lg(g) + 2 * fold) * nbytes, (_lg(g) + fold) * m
+        elif algo == "exchange":
+            sent, red = (g - 1) * nbytes, (g - 1) * m
+        else:
+            sent, red = (2 * (g - 1) / g + 2 * fold) * nbytes, ((g - 1) / g + fold) * m
+        last = Phase(lvl, "allreduce", algo, r, lat + sent / c.bandwidth + red * c.gamma, lat, sent, red * c.gamma)
+    # An allgather moves what its reduce-scatter moved and reduces nothing.
+    ag = [Phase(p.level, "allgather", p.algorithm, p.rounds, p.latency + p.link_bytes / levels[p.level].bandwidth,
+                p.latency, p.link_bytes) for p in reversed(rs)]
+    return rs + [last] + ag
+
+
+def latency_phases(shape: Shape, levels, nbytes: float) -> list[Phase]:
+    """Recursive doubling over all ranks in tree order: the round that pairs ranks within blocks of k
+    consecutive ranks crosses the lowest level whose groups hold k ranks; every rank below a child of that
+    level sends the whole vector through the child's links at once."""
+    p = shape.nranks
+    holds = [shape.under[lvl] * min(shape.sizes[lvl]) for lvl in range(shape.depth)]
+    reach = [2 ** (i + 1) for i in range(_lg(p))]
+    if not _pof2(p):
+        reach = [2] + reach + [2]
+    out: list[Phase] = []
+    for k in reach:  # consecutive rounds on one level make one phase
+        lvl = next((j for j in range(shape.depth) if k <= holds[j]), shape.depth - 1)
+        c = levels[lvl]
+        sent = nbytes * shape.under[lvl]
+        red = nbytes * c.gamma
+        ph = Phase(lvl, "recursive doubling", "recursive_doubling", 1, c.alpha + sent / c.bandwidth + red,
+                   c.alpha, nbytes, red)
+        if out and out[-1].level == lvl:
+            q = out.pop()
+            ph = Phase(lvl, q.what, q.algorithm, q.rounds + 1, q.seconds + ph.seconds, q.latency + ph.latency,
+                       q.link_bytes + ph.link_bytes, q.compute + ph.compute)
+        out.append(ph)
+    return out
+
+
+def link_bytes(shape: Shape, levels, ph: list[Phase]) -> list[float]:
+    """Bytes one child at each level sends over that level's links for the whole buffer. A phase loads its
+    own level's links and, where a lower level talks through uplinks (a node's NICs), those too: a rack's
+    traffic leaves through the NICs of its nodes, each carrying its share."""
+    sent = [0.0] * shape.depth
+    for p in ph:
+        for k in range(p.level + 1):
+            if k == p.level or levels[k].via == "uplink":
+                share = shape.under[p.level] / shape.under[k]  # level-k children inside one level-l child
+                sent[k] += p.link_bytes / share
+    return sent
+
+
+def link_seconds(shape: Shape, levels, ph: list[Phase]) -> list[float]:
+    """Seconds each resource is busy: every level's links, and for a level of peer links (NVLink between
+    sockets' GPUs) also the child's other links (its uplink), which carry the outer levels' traffic."""
+    busy = [b / lv.bandwidth for b, lv in zip(link_bytes(shape, levels, ph), levels)]
+    for k, lv in enumerate(levels):
+        other = lv.escape - lv.bandwidth
+        if lv.via == "peer" and other > 0:
+            outer = sum(p.link_bytes * shape.under[k] / shape.under[p.level] for p in ph if p.level > k)
+            busy.append(outer / other)
+    return busy
+
+
+def pipelined(ph: list[Phase], blocks: int, busy: list[float] = ()) -> float:
+    """Blocks flow through the phases like a pipeline: one block's trip through every stage, then one more
+    block per step of the busiest resource: a level's links (shared by its reduce-scatter, its allgather and
+    the outer levels' traffic), a rank's reducing (overlapped with the wires by the executor), or the
+    longest latency of a stage. Latency does not shrink with the block."""
+    stage = sum(p.latency + (p.seconds - p.latency) / blocks for p in ph)
+    compute = sum(p.compute for p in ph)
+    step = max(max(busy, default=0.0) / blocks, compute / blocks, max((p.latency for p in ph), default=0.0))
+    # No schedule finishes before its busiest link has moved everything it must (the stages leave out
+    # outer levels' traffic on inner uplinks).
+    return max(stage + (blocks - 1) * step, max(busy, default=0.0))
+
+
+def lower_bound(shape: Shape, levels, nbytes: float) -> tuple[float, str]:
+    """The topology's lower bound (reference/anchors.md §6): at every level, its E children must together
+    allreduce the whole vector through the links out of each child (peer links and uplink: a GPU's
+    injection, a node's NICs), t >= 2(E-1)/E * n / B_out; and r rounds reach p ranks only with p**(1/r) - 1
+    messages each, one of them across the outermost level. Returns (seconds, which bound binds)."""
+    best, why = 0.0, "none"
+    for lvl, c in enumerate(levels):
+        e = _entities(shape, lvl)
+        if e > 1:
+            t = 2 * (e - 1) / e * nbytes / c.escape
+            if t > best:
+                best, why = t, f"bandwidth of {c.name} links ({c.link}, {e} endpoints)"
+    p = shape.nranks
+    if p > 1:  # r rounds reach p ranks only with p**(1/r) - 1 messages each; one round crosses the top
+        a = min(c.alpha for c in levels)
+        t = min(levels[-1].alpha + (r - 1) * a + r * max(0, _root_up(p, r) - 2) * links.SOFTWARE_OVERHEAD
+                for r in range(1, math.ceil(math.log2(p)) + 1))
+        if t > best:
+            best, why = t, f"latency: {p} ranks, one round across {levels[-1].name}"
+    return best, why
+
+
+# -- choosing ---------------------------------------------------------------------------------------------------

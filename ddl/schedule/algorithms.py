@@ -1,0 +1,168 @@
+"""Generators of flat (single-level) schedules. Each takes (rank, nranks, count, ...) and returns that rank's
+Program alone, so a rank never builds the world's schedule; ``schedule()`` assembles all ranks for the checker.
+
+Names used below: p ranks; pof2 = the largest power of two <= p; rem = p - pof2. Non-powers of two are
+handled by the usual fold: the first 2*rem ranks pair up, each even one hands its data to the odd one above
+it (round 0) and gets the result back at the end, so pof2 "active" ranks run the power-of-two algorithm.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .ir import Collective, Op, Program, Schedule, Step, number_tags, shares
+
+
+def split(count: int, parts: int) -> list[tuple[int, int]]:
+    """(offset, count) of ``parts`` nearly equal pieces of ``count`` elements; the first pieces are never
+    smaller than the last, and pieces may be empty when count < parts."""
+    bounds = shares(count, parts)
+    return [(bounds[i], bounds[i + 1] - bounds[i]) for i in range(parts)]
+
+
+def _program(rank: int, rounds: int, steps: list[Step], keep_empty: bool = False) -> Program:
+    """Empty messages are dropped (both sides drop the same ones), unless they carry something besides data:
+    the agreement round's header rides in recursive doubling even when there is no payload."""
+    return Program(rank, number_tags([s for s in steps if keep_empty or s.count > 0]), rounds)
+
+
+# -- allreduce ---------------------------------------------------------------------------------------------
+
+
+def ring_allreduce(rank: int, p: int, count: int) -> Program:
+    """Reduce-scatter then allgather around the ring r -> r+1: 2(p-1) rounds, each moving count/p elements.
+    After reduce-scatter round k, rank r holds chunk (r-k-1) reduced over k+2 ranks; after p-1 rounds it owns
+    chunk (r+1) fully reduced, which the allgather passes on."""
+    chunks = split(count, p)
+    right, left = (rank + 1) % p, (rank - 1) % p
+    steps = []
+    for k in range(p - 1):
+        send, recv = chunks[(rank - k) % p], chunks[(rank - k - 1) % p]
+        steps += [Step(k, Op.SEND, right, *send), Step(k, Op.RECV_REDUCE, left, *recv)]
+    for k in range(p - 1):
+        send, recv = chunks[(rank + 1 - k) % p], chunks[(rank - k) % p]
+        r = p - 1 + k
+        steps += [Step(r, Op.SEND, right, *send), Step(r, Op.RECV_COPY, left, *recv)]
+    return _program(rank, 2 * (p - 1), steps)
+
+
+def _fold(rank: int, p: int) -> tuple[int, int, int]:
+    """(pof2, rem, new rank among the pof2 active ranks or -1 for a rank that folded its data away)."""
+    pof2 = 1 << (p.bit_length() - 1)
+    rem = p - pof2
+    if rank < 2 * rem:
+        return pof2, rem, rank // 2 if rank % 2 else -1
+    return pof2, rem, rank - rem
+
+
+def _real_rank(new: int, rem: int) -> int:
+    return 2 * new + 1 if new < rem else new + rem
+
+
+def _fold_steps(rank: int, rem: int, count: int, last_round: int) -> list[Step]:
+    """Round 0: even ranks below 2*rem hand their data up; round last_round: the result comes back."""
+    if rank >= 2 * rem:
+        return []
+    if rank % 2 == 0:
+        return [Step(0, Op.SEND, rank + 1, 0, count), Step(last_round, Op.RECV_COPY, rank + 1, 0, count)]
+    return [Step(0, Op.RECV_REDUCE, rank - 1, 0, count), Step(last_round, Op.SEND, rank - 1, 0, count)]
+
+
+def recursive_doubling_allreduce(rank: int, p: int, count: int, keep_empty: bool = False) -> Program:
+    """Latency-optimal for small counts: log2(pof2) rounds, each exchanging the whole vector with the partner
+    whose new rank differs in one bit (plus the fold rounds when p is not a power of two)."""
+    pof2, rem, new = _fold(rank, p)
+    shift = 1 if rem else 0
+    levels = pof2.bit_length() - 1
+    rounds = levels + 2 * shift
+    steps = _fold_steps(rank, rem, count, rounds - 1)
+    if new >= 0:
+        for i in range(levels):
+            peer = _real_rank(new ^ (1 << i), rem)
+            steps += [Step(i + shift, Op.SEND, peer, 0, count), Step(i + shift, Op.RECV_REDUCE, peer, 0, count)]
+    return _program(rank, rounds, steps, keep_empty)
+
+
+def rabenseifner_allreduce(rank: int, p: int, count: int) -> Program:
+    """Recursive halving reduce-scatter, then recursive doubling allgather (Rabenseifner): 2*log2(pof2) rounds
+    moving 2(pof2-1)/pof2 of the vector per active rank; the fold adds two rounds moving the whole vector."""
+    pof2, rem, new = _fold(rank, p)
+    shift = 1 if rem else 0
+    levels = pof2.bit_length() - 1
+    rounds = 2 * levels + 2 * shift
+    steps = _fold_steps(rank, rem, count, rounds - 1)
+    if new >= 0:
+        chunks = split(count, pof2)
+        for rnd, op, peer, lo, hi in halving_doubling(new, pof2, shift, levels + shift):
+            start, end = chunks[lo][0], chunks[hi - 1][0] + chunks[hi - 1][1]
+            steps.append(Step(rnd, op, _real_rank(peer, rem), start, end - start))
+    return _program(rank, rounds, steps)
+
+
+def halving_doubling(i: int, g: int, rs0: int, ag0: int):
+    """Recursive halving among g ranks (a power of two), the top bit first picking the half kept, so rank i
+    ends owning chunk i of g; then the mirror recursive doubling, lowest bit first. Yields (round, op, peer,
+    first chunk, end chunk) with reduce-scatter rounds from rs0 and allgather rounds from ag0."""
+    a, b = 0, g
+    levels = g.bit_length() - 1
+    for k in range(levels):
+        mask = g >> (k + 1)
+        mid = (a + b) // 2
+        keep, give = ((a, mid), (mid, b)) if i & mask == 0 else ((mid, b), (a, mid))
+        yield rs0 + k, Op.SEND, i ^ mask, *give
+        yield rs0 + k, Op.RECV_REDUCE, i ^ mask, *keep
+        a, b = keep
+    for k in range(levels):
+        mask = 1 << k
+        w = b - a
+        other = (a - w, a) if i & mask else (b, b + w)
+        yield ag0 + k, Op.SEND, i ^ mask, a, b
+        yield ag0 + k, Op.RECV_COPY, i ^ mask, *other
+        a, b = min(a, other[0]), max(b, other[1])
+
+
+ALLREDUCE: dict[str, Callable[[int, int, int], Program]] = {
+    "ring": ring_allreduce,
+    "rabenseifner": rabenseifner_allreduce,
+    "recursive_doubling": recursive_doubling_allreduce,
+}
+
+
+# -- broadcast and allgather --------------------------------------------------------------------------------
+
+
+def binomial_broadcast(rank: int, p: int, count: int, root: int) -> Program:
+    """Binomial tree from root: in round i every rank that has the data sends it 2**i ranks further on."""
+    rounds = (p - 1).bit_length()
+    vr = (rank - root) % p
+    steps = []
+    for i in range(rounds):
+        mask = 1 << i
+        if vr < mask and vr + mask < p:
+            steps.append(Step(i, Op.SEND, (vr + mask + root) % p, 0, count))
+        elif mask <= vr < 2 * mask:
+            steps.append(Step(i, Op.RECV_COPY, (vr - mask + root) % p, 0, count))
+    return _program(rank, rounds, steps)
+
+
+def ring_allgather(rank: int, p: int, layout: tuple[tuple[int, int], ...]) -> Program:
+    """Rank r's piece is layout[r] = (offset, count) of the output; in round k rank r forwards piece r-k to
+    its right neighbour and receives piece r-k-1 from its left: p-1 rounds."""
+    right, left = (rank + 1) % p, (rank - 1) % p
+    steps = []
+    for k in range(p - 1):
+        steps += [Step(k, Op.SEND, right, *layout[(rank - k) % p]),
+                  Step(k, Op.RECV_COPY, left, *layout[(rank - k - 1) % p])]
+    return _program(rank, p - 1, steps)
+
+
+def schedule(collective: Collective, algorithm: str, p: int, count: int, root: int = 0,
+             layout: tuple[tuple[int, int], ...] = ()) -> Schedule:
+    """Every rank's program, for the checker, the tests and dumps (ranks compile their own at run time)."""
+    if collective is Collective.ALLREDUCE:
+        gen = ALLREDUCE[algorithm]
+        programs = tuple(gen(r, p, count) for r in range(p))
+    elif collective is Collective.BROADCAST:
+        programs = tuple(binomial_broadcast(r, p, count, root) for r in range(p))
+    else:
+        programs = tuple(ring_allgather(r, p, layout) for r in range(p))
+    return Schedule(collective, algorithm, p, count, programs, root, layout)

@@ -1,0 +1,129 @@
+"""Symbolic checker: proves, without MPI, that a schedule does what its collective promises.
+
+It tracks, for every rank and every element interval, the set of ranks whose input that interval holds (a
+bitmask). Semantics, matching the executor: within a round every send reads the state from before the round;
+receives are applied when the round ends; a reduce must add contributions not already present (each exactly
+once); a copy replaces. A message carries a range to the same range on the receiver.
+
+Postconditions: allreduce, every rank holds every contribution in every element; broadcast, every rank holds
+the root's; allgather, piece j of the layout holds exactly rank j's input on every rank.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+
+from ..errors import DDLError
+from .ir import Collective, Op, Schedule
+
+
+class ScheduleError(DDLError):
+    """A schedule breaks its postcondition or the IR's rules."""
+
+
+def _intervals(schedule: Schedule) -> list[int]:
+    points = {0, schedule.count}
+    for prog in schedule.programs:
+        for s in prog.steps:
+            points.update((s.offset, s.offset + s.count))
+    for off, n in schedule.layout:
+        points.update((off, off + n))
+    return sorted(points)
+
+
+def check(schedule: Schedule) -> None:
+    """Raises ScheduleError naming the rank, round and step that go wrong; returns None if the schedule holds."""
+    p, n = schedule.nranks, schedule.count
+    if len(schedule.programs) != p:
+        raise ScheduleError(f"{len(schedule.programs)} programs for {p} ranks")
+    bounds = _intervals(schedule)
+    cells = len(bounds) - 1
+    full = (1 << p) - 1
+
+    def cell_range(off: int, cnt: int) -> range:
+        return range(bisect.bisect_left(bounds, off), bisect.bisect_left(bounds, off + cnt))
+
+    state = [[0] * cells for _ in range(p)]
+    for r in range(p):
+        if schedule.collective is Collective.ALLREDUCE:
+            state[r] = [1 << r] * cells
+        elif schedule.collective is Collective.BROADCAST:
+            state[r] = [1 << r if r == schedule.root else 0] * cells
+        else:
+            for c in cell_range(*schedule.layout[r]):
+                state[r][c] = 1 << r
+
+    rounds = max((prog.rounds for prog in schedule.programs), default=0)
+    by_round: list[list[tuple[int, object]]] = [[] for _ in range(rounds)]
+    for r, prog in enumerate(schedule.programs):
+        if prog.rank != r:
+            raise ScheduleError(f"program {r} says it is rank {prog.rank}")
+        for s in prog.steps:
+            if not (0 <= s.peer < p) or s.peer == r:
+                raise ScheduleError(f"rank {r} round {s.round}: bad peer {s.peer}")
+            if s.offset < 0 or s.count <= 0 or s.offset + s.count > n:
+                raise ScheduleError(f"rank {r} round {s.round}: range {s.offset}+{s.count} outside 0..{n}")
+            if not 0 <= s.round < prog.rounds:
+                raise ScheduleError(f"rank {r}: step in round {s.round} of {prog.rounds}")
+            by_round[s.round].append((r, s))
+
+    for rnd, steps in enumerate(by_round):
+        sends, recvs = defaultdict(list), defaultdict(list)
+        for r, s in steps:
+            (sends[(r, s.peer)] if s.op is Op.SEND else recvs[(s.peer, r)]).append(s)
+        if set(sends) != set(recvs):
+            pair = sorted(set(sends) ^ set(recvs))[0]
+            raise ScheduleError(f"round {rnd}: messages from rank {pair[0]} to rank {pair[1]} have no partner")
+        written = defaultdict(dict)
+        updates = []
+        for (src, dst), out in sends.items():
+            ins = recvs[(src, dst)]
+            if len(out) != len(ins):
+                raise ScheduleError(f"round {rnd}: rank {src} sends {len(out)} messages to rank {dst}, "
+                                    f"which receives {len(ins)}")
+            for a, b in zip(out, ins):
+                if (a.offset, a.count, a.tag) != (b.offset, b.count, b.tag):
+                    raise ScheduleError(f"round {rnd}: rank {src} sends {a.offset}+{a.count} (tag {a.tag}) but "
+                                        f"rank {dst} receives {b.offset}+{b.count} (tag {b.tag})")
+                cs = cell_range(b.offset, b.count)
+                # Reductions into one range may share a round (the executor applies them one at a time);
+                # a copy may not overlap anything else received in its round.
+                kind = "reduce" if b.op is Op.RECV_REDUCE else "copy"
+                if any(written[dst].get(c, kind) != kind or kind == "copy" and c in written[dst] for c in cs):
+                    raise ScheduleError(f"round {rnd}: rank {dst} receives overlapping ranges")
+                written[dst].update((c, kind) for c in cs)
+                payload = [state[src][c] for c in cs]  # read before any receive of the round applies
+                updates.append((src, dst, b, cs, payload))
+        for src, dst, step, cs, payload in updates:
+            for c, got in zip(cs, payload):
+                if not got:
+                    raise ScheduleError(f"round {rnd}: rank {src} sends undefined data to rank {dst}")
+                if step.op is Op.RECV_REDUCE:
+                    if state[dst][c] & got:
+                        raise ScheduleError(f"round {rnd}: rank {dst} would count contributions "
+                                            f"{_ranks(state[dst][c] & got)} twice (from rank {src})")
+                    state[dst][c] |= got
+                else:
+                    state[dst][c] = got
+
+    for r in range(p):
+        for c in range(cells):
+            want = _expected(schedule, bounds, c, full)
+            if state[r][c] != want:
+                raise ScheduleError(f"rank {r} ends with contributions {_ranks(state[r][c])} in elements "
+                                    f"{bounds[c]}..{bounds[c + 1]}, expected {_ranks(want)}")
+
+
+def _expected(schedule: Schedule, bounds: list[int], c: int, full: int) -> int:
+    if schedule.collective is Collective.ALLREDUCE:
+        return full
+    if schedule.collective is Collective.BROADCAST:
+        return 1 << schedule.root
+    for j, (off, cnt) in enumerate(schedule.layout):
+        if off <= bounds[c] and bounds[c + 1] <= off + cnt:
+            return 1 << j
+    return 0
+
+
+def _ranks(mask: int) -> list[int]:
+    return [i for i in range(mask.bit_length()) if mask >> i & 1]

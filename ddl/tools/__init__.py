@@ -1,0 +1,2 @@
+"""The command-line tools: ddlrun (ddlrun), ddl-bench (bench), ddl-topo (topo), ddl-cluster (cluster). Each
+answers bad input with one line and exit status 2."""

@@ -1,0 +1,275 @@
+"""ddlrun: launch a ddl program as an MPI job on this machine, on hosts, in a batch job, or on an emulated cluster.
+
+    ddlrun -np 4 python train.py                     # 4 ranks here (default: one per GPU, else per core)
+    ddlrun -H node1:4,node2:4 python train.py        # packed: ranks 0-3 on node1, 4-7 on node2
+    ddlrun --hostfile hosts --racks 2 python train.py
+    ddlrun python train.py                           # inside Slurm, LSF or PBS: the job's hosts and slots
+    ddlrun --emulate T2 python train.py              # an emulated 2-rack cluster (root), torn down after
+
+The program is the first argument that is not an option. Hosts come from -H, --hostfile, --rankfile, else
+the batch scheduler (Slurm, LSF, PBS), else this machine. The MPI command is printed (``+ mpirun ...``) and
+run without a shell. Before a launch on other hosts, every host is checked over ssh (reachable, ddl importable
+in the same version, same GPU count and CPU model); -s or --rankfile skip the checks.
+
+exit status:
+  0     every rank succeeded
+  N     the job failed: the launcher's status (the failing rank's, as Open MPI or MPICH report it); the
+        failing rank and host are printed ("ddlrun: rank 3 (node2): ... exited with status 1")
+  2     usage error: bad option, host name, host file, rankfile, scheduler variable, placement or spec;
+        or the emulated cluster cannot be built here
+  3     a pre-launch check failed (each problem printed with its host)
+  124   the job ran past --timeout and was stopped
+  130   interrupted (Ctrl-C, SIGTERM, SIGHUP): every rank was stopped
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import socket
+import sys
+from dataclasses import replace
+
+from ..runner import hosts as hostlib
+from ..runner import launch
+from ..runner import mpirun
+from ..runner import prelaunch
+from ..runner import supervise
+from ..errors import DDLError
+from .cli import Parser, one_line_errors
+
+USAGE_ERROR = 2
+CHECK_FAILED = 3
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = Parser(prog="ddlrun", usage="ddlrun [options] program [args]", allow_abbrev=False,
+                                 description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = ap.add_argument  # IBM's ddlrun took every long option with one dash or two: both are accepted
+    add("-np", "--np", "-n", dest="np", type=_positive, help="number of ranks (default: every slot of the hosts)")
+    add("-H", "--host", "-host", dest="host", help="hosts, h1,h2 or h1:slots,h2:slots")
+    add("--hostfile", "-hostfile", help="file of hosts, one a line: 'host', 'host:N' or 'host slots=N'")
+    add("-rf", "--rankfile", "-rankfile", help="Open MPI rankfile ('rank N=host slot=...'); skips the checks")
+    add("-m", "--mode", "-mode", default="p", help="IBM DDL mode letter (r n b c m p; default p); ddlrun adds "
+        "the dims, e.g. p:4x2x1x1")
+    add("--ddloption", "-ddloption", "--ddlarg", "-ddlarg", action="append", default=[],
+        help="more DDL_OPTIONS, e.g. '-dbg_level 1' (repeatable)")
+    add("--no_ddloptions", "-no_ddloptions", action="store_true",
+        help="set no DDL_OPTIONS (the program calls ddl.init(options=...) itself)")
+    add("--accelerators", "-accelerators", type=_positive, help="GPUs (ranks) per host where the host list gives no slots")
+    add("--nodes", "-nodes", type=_positive, help="nodes per rack (IBM's second tier; default: all nodes)")
+    add("--racks", "-racks", type=_positive, help="racks per aisle (default 1)")
+    add("--aisles", "-aisles", type=_positive, help="aisles (default 1)")
+    add("--mpiarg", "-mpiarg", action="append", default=[], help="arguments for mpirun, e.g. '-x FOO' (repeatable)")
+    add("--tcp", "-tcp", action="store_true", help="TCP sockets only (no InfiniBand, UCX or PAMI)")
+    add("-v", "--verbose", action="store_true", help="say where ranks go, what each rank gets, what checks found")
+    add("-s", "--skipchecks", action="store_true", help="skip the pre-launch checks")
+    add("--dry-run", action="store_true", help="print the command and exit")
+    add("--emulate", metavar="SPEC", help="run on an emulated cluster: T1..T4, 2x2x2:nic=1gbit, 3,2,1, or a "
+        "topology file (root; see ddl-cluster --help)")
+    add("--output-filename", metavar="DIR", help="each rank's output in DIR/rank.N/stdout and stderr")
+    add("--timeout", type=float, default=0, help="stop the job after this many seconds (0: never)")
+    add("--mpi", choices=("openmpi", "mpich"), help="the MPI to launch with (default: the mpiexec found; "
+        "$DDL_MPIEXEC names one)")
+    add("--version", action="store_true", help="print ddl's version and exit")
+    return ap
+
+
+def split_program(ap: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """(ddlrun's options, the program and its arguments): the program is the first argument that is not an
+    option (or whatever follows ``--``), so its own options are never read as ddlrun's."""
+    options: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return options, argv[i + 1:]
+        if not word.startswith("-") or word == "-":
+            return options, argv[i:]
+        name = word.split("=", 1)[0]
+        action = ap._option_string_actions.get(name)
+        if action is None:
+            ap.error(f"unknown option {word!r} (the program starts at the first argument that is not an option)")
+        if action.nargs == 0 or "=" in word or i + 1 == len(argv):
+            options.append(word)
+            i += 1
+        else:  # name=value: a value may start with '-' (--mpiarg -pami_noib, --ddloption -dbg_level)
+            options.append(f"{name}={argv[i + 1]}")
+            i += 2
+    return options, []
+
+
+def _mpiexec(wanted: str | None) -> tuple[str, str]:
+    exe = os.environ.get("DDL_MPIEXEC") or mpirun.mpiexec_path()
+    kind = mpirun.flavor(exe)
+    if wanted and wanted != kind:
+        raise DDLError(f"--mpi {wanted}: the mpiexec found ({exe}) is {kind}'s; install the {wanted} wheel in "
+                       f"another environment, or set DDL_MPIEXEC to its mpiexec")
+    return exe, kind
+
+
+def _machine() -> launch.Machine:
+    from ..topology import discover
+
+    return launch.Machine(hostname=socket.gethostname(), cores=os.cpu_count() or 1,
+                          gpus=len(discover.nvml_gpus()), root=os.geteuid() == 0, python=sys.executable,
+                          environ=dict(os.environ))
+
+
+def _hosts(args) -> tuple[str, list[hostlib.Host] | None, list[str] | None]:
+    """(where the hosts came from, hosts, rankfile placement)."""
+    given = [f for f in ("host", "hostfile", "rankfile") if getattr(args, f)]
+    if len(given) > 1:
+        raise DDLError(f"give one of -H, --hostfile, --rankfile (got {', '.join(given)})")
+    if args.host:
+        return "-H", hostlib.parse_host_list(args.host), None
+    if args.hostfile:
+        return "--hostfile", hostlib.read_hostfile(args.hostfile), None
+    if args.rankfile:
+        return "--rankfile", None, hostlib.read_rankfile(args.rankfile)
+    found = hostlib.from_scheduler(os.environ)
+    if found:
+        return found[0], found[1], None
+    return "this machine", None, None
+
+
+def _request(args, program, hosts, rank_hosts, **extra) -> launch.Request:
+    try:
+        mpiargs = tuple(w for a in args.mpiarg for w in shlex.split(a))
+    except ValueError as e:
+        raise DDLError(f"--mpiarg {args.mpiarg!r}: {e}") from None
+    return launch.Request(
+        program=program, np=args.np, hosts=hosts, rank_hosts=rank_hosts, mode=args.mode,
+        ddloption=" ".join(args.ddloption), no_ddloptions=args.no_ddloptions, accelerators=args.accelerators,
+        nodes=args.nodes, racks=args.racks, aisles=args.aisles,
+        mpiargs=mpiargs, tcp=args.tcp,
+        output_dir=os.path.abspath(args.output_filename) if args.output_filename else None, **extra)
+
+
+def _prepare(args, program, source, hosts, rank_hosts, here: launch.Machine, **extra):
+    """(plan, command, launcher environment) for this request, the command printed (and the placement with -v)."""
+    exe, kind = _mpiexec(args.mpi)
+    p = launch.plan(_request(args, program, hosts, rank_hosts, **extra), here)
+    cmd, env = mpirun.build(kind, exe, p.job, here.root, here.cores)
+    if args.verbose:
+        _describe(p, source)
+    print(show(cmd, env), file=sys.stderr, flush=True)
+    return p, cmd, env
+
+
+def show(cmd: list[str], env: dict[str, str]) -> str:
+    """The command as a shell would take it back (copy-pastable), launcher settings in front."""
+    return "+ " + " ".join([f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.join(cmd)])
+
+
+def _say(text: str) -> None:
+    print(f"ddlrun: {text}", file=sys.stderr, flush=True)
+
+
+def _describe(p: launch.Plan, source: str) -> None:
+    _say(f"{len(p.rank_hosts)} ranks, hosts from {source}: {launch.host_list(p.rank_hosts)}")
+    if p.dims:
+        _say("tiers: " + " x ".join(f"{d} {t}" for d, t in zip(p.dims, launch.TIERS)))
+    for k, v in p.job.set_env.items():
+        _say(f"every rank gets {k}={v}")
+
+
+def _run_checks(hosts: list[str], ssh: list[str], python: str, local: set[str], verbose: bool) -> bool:
+    unique = list(dict.fromkeys(hosts))
+    reports, problems = prelaunch.check(unique, prelaunch.probe(), ssh, python, local)
+    if verbose:
+        for r in reports:
+            _say(f"check {r.host}: {r.facts if r.facts else r.problem}")
+    for p in problems:
+        _say(f"check failed: {p}")
+    if problems:
+        _say("not launched (-s skips the checks)")
+    return not problems
+
+
+def _finish(outcome: supervise.Outcome, timeout: float) -> int:
+    if outcome.timed_out:
+        _say(f"the job ran past --timeout {timeout:g} s; every rank was stopped")
+    elif outcome.interrupted:
+        _say("interrupted; every rank was stopped")
+    elif outcome.returncode:
+        _say(f"the job failed with status {outcome.returncode}")
+    return outcome.returncode
+
+
+@one_line_errors("ddlrun")
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    options, program = split_program(ap, list(sys.argv[1:] if argv is None else argv))
+    args = ap.parse_args(options)
+    if args.version:
+        from .. import __version__
+
+        print(f"ddlrun (ddl) {__version__}")
+        return 0
+    if not program:
+        ap.error("no program given")
+    try:
+        if args.emulate:
+            return _emulated(args, program)
+        source, hosts, rank_hosts = _hosts(args)
+        here = _machine()
+        p, cmd, env = _prepare(args, program, source, hosts, rank_hosts, here)
+        if args.dry_run:
+            return 0
+        if p.remote and not (args.skipchecks or args.rankfile):
+            local = {here.hostname, *hostlib.LOCAL_NAMES}
+            if not _run_checks(p.rank_hosts, prelaunch.ssh_command(), here.python, local, args.verbose):
+                return CHECK_FAILED
+        return _finish(supervise.run(cmd, env={**os.environ, **env}, timeout=args.timeout or None), args.timeout)
+    except DDLError as e:
+        _say(str(e))
+        return USAGE_ERROR
+    except FileNotFoundError as e:  # no mpiexec
+        _say(str(e))
+        return USAGE_ERROR
+
+
+def _emulated(args, program: list[str]) -> int:
+    """The same launch inside an emulated cluster: hosts are its nodes, ssh is its agent, checks included."""
+    from .. import cluster
+    from ..cluster import spec as emulate
+
+    if args.host or args.hostfile or args.rankfile:
+        raise DDLError("--emulate places the ranks itself: drop -H, --hostfile and --rankfile")
+    c = cluster.Cluster(emulate.topology(args.emulate))
+    if args.np and args.np != c.nranks:
+        raise DDLError(f"--emulate {args.emulate} runs {c.nranks} ranks; -np {args.np} disagrees")
+    here = _machine()
+
+    def planned(workdir: str) -> tuple[launch.Plan, list[str], dict[str, str]]:
+        # The job plans over the cluster's switches: its topology file travels in DDL_TOPOLOGY.
+        topology = {"DDL_TOPOLOGY": f"{workdir}/topology.json"}
+        p, cmd, env = _prepare(args, program, f"--emulate {args.emulate}", None, c.rank_hosts,
+                               replace(here, environ={**here.environ, **topology}), agent=f"{workdir}/agent.sh",
+                               iface="eth0" if c.links else "lo")
+        return p, cmd, {**env, **topology}
+
+    if args.dry_run:
+        planned("<cluster>")
+        return 0
+    if (why := cluster.available()) is not None:
+        raise DDLError(why)
+    with c:
+        p, cmd, env = planned(str(c.workdir))
+        agent = str(c.workdir / "agent.sh")
+        if not (args.skipchecks or _run_checks(p.rank_hosts, [agent], here.python, set(), args.verbose)):
+            return CHECK_FAILED
+        return _finish(supervise.run(c.exec_argv(c.rank_hosts[0], cmd), env={**os.environ, **env},
+                                     timeout=args.timeout or None, cleanup=c.kill_jobs), args.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""ddl-topo: show a topology (a file, a library machine, or this host as discovery sees it), dump or load it
+as JSON, draw it, and explain the plan an allreduce of a given size would follow on it.
+
+    ddl-topo summit                      the tree, folded
+    ddl-topo summit --plan 100M          levels, groups, algorithms, bytes per link, predicted vs lower bound
+    ddl-topo dgx-h100 --plan 1G --dump-plan plan.json   then DDL_PLAN=plan.json forces it
+    ddl-topo --list                      the machine library
+    ddl-topo T2 --plan 16M               an emulated cluster's spec (ddl.cluster.spec) works too
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+
+from .. import planner, topology
+from ..cluster import spec as emulate
+from ..errors import DDLError
+from ..planner.explain import explain
+from ..topology import discover
+from .cli import Parser, one_line_errors, size
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = Parser(prog="ddl-topo", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", nargs="?", help="topology file, library machine or emulated-cluster spec "
+                   "(default: this host)")
+    p.add_argument("--list", action="store_true", help="list the machine library")
+    p.add_argument("--ranks", type=_positive, help="plan for this many ranks (default: every GPU or slot)")
+    p.add_argument("--plan", metavar="SIZE", action="append", default=[], type=size,
+                   help="explain an allreduce of SIZE bytes (e.g. 8, 64K, 64KiB, 100MB, 1G); may repeat")
+    p.add_argument("--algo", default="auto", help="force algorithms, as DDL_ALGO")
+    p.add_argument("--json", action="store_true", help="print the explanation as JSON")
+    p.add_argument("--dump", metavar="FILE", help="write the topology graph as JSON")
+    p.add_argument("--dump-plan", metavar="FILE", help="write the (last) plan as JSON, for DDL_PLAN")
+    p.add_argument("--png", metavar="FILE", help="draw the topology (needs matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="do not print the tree")
+    return p
+
+
+def load(source: str | None) -> topology.Topology:
+    if source and emulate.is_spec(source):
+        return emulate.topology(source)
+    if source:
+        return topology.load(source)
+    host = socket.gethostname()  # this host alone, as one rank per core would see it
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return discover.build([{"host": host, "numa": None, "gpus": discover.nvml_gpus()}] * cores)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
+@one_line_errors("ddl-topo")
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.list:
+        for name in topology.library():
+            t = topology.load(name)
+            print(f"{name:<20}{len(_placement(t, None)):>7} ranks  {t.graph.number_of_nodes():>6} vertices")
+        return 0
+    t = load(args.source)
+    placement = _placement(t, args.ranks)
+    if not args.quiet:
+        print(t.tree_text())
+    if args.dump:
+        with open(args.dump, "w") as f:
+            f.write(t.to_json())
+    if args.png:
+        t.draw(args.png)
+    if args.plan:
+        tree, levels = t.hierarchy(placement)
+        if not levels:
+            raise DDLError("one rank: nothing to plan")
+        for n in args.plan:
+            plan = planner.choose(tree, levels, n, tuple(args.algo.split(",")))
+            e = explain(plan, n)
+            print(json.dumps(e.to_dict(), indent=1) if args.json else f"\n{e.text()}")
+        if args.dump_plan:
+            with open(args.dump_plan, "w") as f:
+                json.dump(plan.to_dict(), f)
+    return 0
+
+
+def _placement(t: topology.Topology, ranks: int | None) -> list[str]:
+    return t.place(None, ranks or t.capacity())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
