@@ -13,6 +13,7 @@ from __future__ import annotations
 from . import _moved
 from . import gpu as _gpu  # noqa: F401 (registers the device collectives with ddl.core.devices)
 from . import options as _options
+from . import config as _config
 from .config import launched_by_mpi as _launched_by_mpi
 from .core.communicator import Communicator
 from .errors import DDLError, DeviceError, MismatchError, TopologyError, TransportError
@@ -26,11 +27,7 @@ __all__ = [
     "DDLCallback", "DDLGlobalVariablesCallback",
 ]
 
-try:
-    from importlib.metadata import PackageNotFoundError, version as _version
-    __version__ = _version("ddl")
-except PackageNotFoundError:  # the source tree, not installed
-    __version__ = "0+unknown"
+__version__ = _config.version()
 
 _world: Communicator | None = None
 

@@ -8,11 +8,12 @@ import importlib.util
 import sys
 
 MOVED = {
-    "ddl.communicator": "ddl.core.communicator", "ddl.dtypes": "ddl.core.dtypes", "ddl.fusion": "ddl.core.fusion",
+    # (ddl.communicator and ddl.explain are not here: those names are the API's functions)
+    "ddl.dtypes": "ddl.core.dtypes", "ddl.fusion": "ddl.core.fusion",
     "ddl.algorithms": "ddl.schedule.algorithms",
     "ddl.check": "ddl.schedule.check", "ddl.plan": "ddl.schedule.compile",
     "ddl.hierarchical": "ddl.topology.tree", "ddl.links": "ddl.topology.links",
-    "ddl.discover": "ddl.topology.discover", "ddl.explain": "ddl.planner.explain",
+    "ddl.discover": "ddl.topology.discover",
     "ddl.device_arrays": "ddl.gpu.arrays",
     "ddl.hosts": "ddl.runner.hosts", "ddl.launch": "ddl.runner.launch", "ddl.mpirun": "ddl.runner.mpirun",
     "ddl.supervise": "ddl.runner.supervise", "ddl.prelaunch": "ddl.runner.prelaunch",

@@ -58,3 +58,13 @@ _LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZ
 def launched_by_mpi(environ=os.environ) -> bool:
     """Whether this process was started by an MPI launcher (mpirun, mpiexec, srun with PMI)."""
     return any(v in environ for v in _LAUNCHER_VARIABLES)
+
+
+def version() -> str:
+    """ddl's installed version ("0+unknown" for a source tree that was never installed)."""
+    from importlib.metadata import PackageNotFoundError, version as installed
+
+    try:
+        return installed("ddl")
+    except PackageNotFoundError:
+        return "0+unknown"

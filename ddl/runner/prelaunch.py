@@ -21,11 +21,11 @@ HOST_SECONDS = 10.0  # per host, connection and probe together: an unreachable h
 
 def probe() -> dict:
     """What this host has, as the checks compare it."""
-    from .. import __version__
+    from ..config import version
     from ..topology import discover
 
     gpus = discover.nvml_gpus()
-    return {"ddl": __version__, "python": platform.python_version(), "cpu": _cpu_model(),
+    return {"ddl": version(), "python": platform.python_version(), "cpu": _cpu_model(),
             "cores": os.cpu_count() or 1, "gpus": len(gpus) if gpus else 0}
 
 

@@ -210,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     options, program = split_program(ap, list(sys.argv[1:] if argv is None else argv))
     args = ap.parse_args(options)
     if args.version:
-        from .. import __version__
+        from ..config import version
 
-        print(f"ddlrun (ddl) {__version__}")
+        print(f"ddlrun (ddl) {version()}")
         return 0
     if not program:
         ap.error("no program given")
