@@ -230,7 +230,7 @@ class Communicator:
         if out is not None and problem is None:
             problem = _out_problem(out, a)
         if self.size == 1:
-            result = _deliver(self._alone(a, problem), out)
+            result = self._alone_into(a, problem, out)
         elif problem is None and sig.fused and self.options.check is None:
             result = self._small_allreduce(a, out, sig)
         else:
@@ -242,22 +242,23 @@ class Communicator:
     def _small_allreduce(self, a: np.ndarray, out, sig: _Signature) -> np.ndarray:
         """The whole call is the agreement round: one native call, one latency-optimal exchange."""
         src = a if a.flags.c_contiguous else np.ascontiguousarray(a)
-        dst = out if out is not None and out.flags.c_contiguous else np.empty(a.shape, a.dtype)
+        direct = out is not None and out.flags.c_contiguous
+        dst = out if direct else np.empty(a.shape, a.dtype)
         with self.lock:
             if not self._executor.run(sig.plan.native, raw(src), sig.options, raw(dst)):
                 self._agreement.report_mismatch(sig.text)
-        return _deliver(dst, out)
+        return _deliver(dst, out, direct)
 
     def _large_allreduce(self, a: np.ndarray, out, op: str, sig: _Signature, problem: str | None) -> np.ndarray:
         """Agreement round without payload, then the pipelined plan on the result buffer."""
         original = a.copy() if self.options.check is not None else a
         with self.lock:
             self._agreement.agree(sig.text, problem)
-            work = _work_buffer(a, out)
+            work, direct = _work_buffer(a, out)
             self._run_allreduce(work, sig.dtype, sig.op, sig.text, sig.factor)
             if self.options.check is not None:
                 check_against_mpi(self._mpi, self.rank, self.size, self.options.check, original, work, op, sig.text)
-        return _deliver(work.reshape(a.shape), out)
+        return _deliver(work.reshape(a.shape), out, direct)
 
     def _run_allreduce(self, flat: np.ndarray, dtype, op, label: str, factor: float = 1.0) -> None:
         """ddl's own allreduce of a contiguous 1-D buffer, in place, with no agreement round."""
@@ -342,6 +343,14 @@ class Communicator:
             with self.lock:
                 self._agreement.agree("barrier()", None)
 
+    def _alone_into(self, a: np.ndarray, problem: str | None, out) -> np.ndarray:
+        """allreduce on one rank: the input itself, as a copy or into ``out``."""
+        if problem or out is None:
+            return self._alone(a, problem)
+        if out is not a:
+            np.copyto(out, a)
+        return out
+
     def _alone(self, a: np.ndarray, problem: str | None) -> np.ndarray:
         """Any collective on one rank: a copy of the input, or the error."""
         if problem:
@@ -378,20 +387,20 @@ def _out_problem(out, a: np.ndarray) -> str | None:
     return None
 
 
-def _work_buffer(a: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    """The flat buffer the plan runs on: out itself when it can be (in place), else a fresh C-ordered copy."""
+def _work_buffer(a: np.ndarray, out: np.ndarray | None) -> tuple[np.ndarray, bool]:
+    """(the flat buffer the plan runs on, whether it is out's memory): out itself when it can be (in place),
+    else a fresh C-ordered copy."""
     if out is not None and out.flags.c_contiguous:
         if out is not a:  # copy through a temporary when the two may overlap
             np.copyto(out, a.copy() if np.may_share_memory(out, a) else a)
-        return out.reshape(-1)
-    return np.array(a, order="C").reshape(-1)
+        return out.reshape(-1), True
+    return np.array(a, order="C").reshape(-1), False
 
 
-def _deliver(result: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    """``result`` into ``out`` unless it already lives there (as out itself or a reshaped view of it)."""
+def _deliver(result: np.ndarray, out: np.ndarray | None, in_out: bool) -> np.ndarray:
+    """What the call returns: ``result``, or ``out`` (filled from result unless result is out's memory)."""
     if out is None:
         return result
-    if result is not out and (result.__array_interface__["data"][0] != out.__array_interface__["data"][0]
-                              or result.shape != out.shape):
+    if not in_out:
         np.copyto(out, result)
     return out
