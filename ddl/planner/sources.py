@@ -13,6 +13,7 @@ from ..config import get as setting
 from ..errors import DDLError
 from ..topology import discover
 from ..topology import tree as hierarchical
+from ..topology.validate import check_plan
 from .choice import Plan, default_levels
 
 
@@ -78,6 +79,8 @@ def dims_follow_hosts(dims: tuple[int, ...], hosts: list[str]) -> bool:
 def load_plan(path: str) -> Plan:
     try:
         with open(path) as f:
-            return Plan.from_dict(json.load(f))
-    except (OSError, ValueError, KeyError, TypeError) as e:
+            d = json.load(f)
+        check_plan(d, f"plan file {path!r}")
+        return Plan.from_dict(d)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise DDLError(f"plan file {path!r} cannot be used: {e!r}") from None

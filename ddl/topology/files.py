@@ -7,15 +7,23 @@ import json
 import math
 from pathlib import Path
 
-from .graph import FORMAT, Topology
+from .graph import Topology
+from .validate import check_graph, check_machine
 from ..errors import TopologyError
 
 MACHINES = Path(__file__).resolve().parent.parent / "machines"  # the installed copy of topology/
 
 
-def from_dict(d: dict) -> Topology:
-    """A graph dump (format ddl-topology/1) or a machine description."""
-    return Topology.from_dict(d) if isinstance(d, dict) and d.get("format") == FORMAT else from_spec(d)
+def from_dict(d: dict, where: str = "topology") -> Topology:
+    """A graph dump (format ddl-topology/1) or a machine description, validated first (ddl.topology.validate)."""
+    if isinstance(d, dict) and "format" in d:
+        check_graph(d, where)
+        return Topology.from_dict(d)
+    check_machine(d, where)
+    try:
+        return from_spec(d)
+    except TopologyError as e:  # what only the expansion finds (two vertices of one name, ...)
+        raise TopologyError(f"{where}: {e}") from None
 
 
 
@@ -127,14 +135,14 @@ def load(source) -> Topology:
         return from_dict(source)
     text = str(source)
     if text.lstrip().startswith("{"):
-        return from_dict(_parse(text, "the given JSON"))
+        return from_dict(_parse(text, "the given JSON"), "the given JSON")
     path = Path(text)
     if not path.exists():
         path = machine_file(text) or path
     if not path.exists():
         raise TopologyError(f"no topology file {text!r} (and no machine of that name in the library: "
                             f"{', '.join(library())})")
-    return from_dict(_parse(path.read_text(), str(path)))
+    return from_dict(_parse(path.read_text(), str(path)), str(path))
 
 
 def _parse(text: str, where: str) -> dict:
@@ -158,5 +166,5 @@ def library() -> list[str]:
     names = set()
     for d in (MACHINES, _source_machines()):
         if d.is_dir():
-            names.update(p.stem for p in d.glob("*.json"))
+            names.update(p.stem for p in d.glob("*.json") if not p.name.endswith(".schema.json"))
     return sorted(names)

@@ -134,13 +134,13 @@ def spec(**over):
 
 
 @pytest.mark.parametrize("over, message", [
-    ({"node": {"slots": 2, "nic": {"kind": "warp"}}}, "unknown link kind 'warp'"),
+    ({"node": {"slots": 2, "nic": {"kind": "warp"}}}, "node.nic.kind: must be one of nvlink1, .*, not \"warp\""),
     ({"node": {"nic": {"kind": "veth"}}}, "needs gpus or slots"),
     ({"switches": []}, "2 nodes need switches"),
-    ({"switches": [{"level": "leaf", "fanout": 1}]}, "top switch level 'leaf' has 2 switches"),
-    ({"node": {"slots": 2, "nic": {"kind": "veth", "bandwidth": -1}}}, "bandwidth must be > 0"),
+    ({"switches": [{"level": "leaf", "fanout": 1}]}, "switches: fanouts 1 do not join 2 nodes"),
+    ({"node": {"slots": 2, "nic": {"kind": "veth", "bandwidth": -1}}}, "node.nic.bandwidth: must be > 0"),
     ({"nodes": [{"name": "a", "slots": 1, "switch": "nowhere"}], "switches": [{"name": "s", "level": "leaf"}]},
-     "parent 'nowhere' is not defined"),
+     r"nodes\[0\].switch: no switch named 'nowhere'"),
 ])
 def test_bad_machine_files_are_refused_clearly(over, message):
     with pytest.raises(TopologyError, match=message):
