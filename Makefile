@@ -59,9 +59,9 @@ launch: $(STAMP)
 mpi: $(STAMP)
 	cd tests && ../$(PY) mpi_suite.py
 
-# What CI runs on the second MPI: a power of two and a non-power of two, more ranks than cores.
+# What CI runs on the second MPI: a power of two and a non-power of two.
 mpi-subset: $(STAMP)
-	cd tests && ../$(PY) mpi_suite.py --ranks 3 4
+	cd tests && ../$(PY) mpi_suite.py --ranks 2 3
 
 train: $(STAMP)
 	cd tests && KERAS_BACKEND=torch ../$(PY) mpi_suite.py train --ranks 2 4

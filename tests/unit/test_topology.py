@@ -32,6 +32,7 @@ def test_the_library_holds_the_machines_the_issue_names():
 
 @pytest.mark.parametrize("name", topology.library())
 @pytest.mark.parametrize("nbytes", [8, 1 << 20, 256 << 20])
+@pytest.mark.timeout(600)  # Summit is planned at 27,648 ranks: slow on a busy 2-core machine
 def test_every_machine_loads_validates_and_plans(name, nbytes, summit):
     t = summit if name == "summit" else topology.load(name)
     tree, levels = t.hierarchy(t.place(None, t.capacity()))
