@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from ..errors import TopologyError
+from ..errors import DDLError, TopologyError
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "machines"  # the installed copy of topology/
 MAX_VERTICES = 2_000_000  # a machine file expands to at most this many vertices (Summit: 41,473)
@@ -201,8 +201,6 @@ def check_graph(d, where: str) -> None:
 
 
 def check_plan(d, where: str) -> None:
-    from ..errors import DDLError
-
     problems = _schema_problems("plan", d)
     if problems:
         raise DDLError(f"{where}: " + "; ".join(problems[:_SHOWN]))
