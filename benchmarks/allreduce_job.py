@@ -26,7 +26,8 @@ def main() -> int:
     import ddl
     from mpi4py import MPI
 
-    from ddl.tools.bench import Runner, measure, parse_size
+    from ddl.tools.bench import Runner, measure
+    from ddl.units import parse_size
 
     comm = MPI.COMM_WORLD
     ddl.init(comm)

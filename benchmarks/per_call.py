@@ -74,8 +74,6 @@ def side_by_side(repeats: int, calls: int) -> dict:
 
 
 def alone(repeats: int, calls: int) -> dict:
-    import ddl
-
     x = np.ones(2, np.float32)
     y = np.empty_like(x)
     out = {}

@@ -256,7 +256,7 @@ def main(argv=None) -> int:
     from ddl import cluster
 
     from ddl.cluster import spec as emulate
-    from ddl.tools.bench import parse_size
+    from ddl.units import parse_size
 
     why = cluster.available()
     if why:

@@ -17,9 +17,9 @@ import sys
 import time
 
 import numpy as np
-from ..units import bandwidth as _bandwidth_seconds
-from ..units import parse_size  # noqa: F401 (benchmarks read sizes through ddl.tools.bench)
+
 from ..config import launched_by_mpi
+from ..units import bandwidth as _bandwidth_seconds
 from .cli import Parser, one_line_errors, size
 
 DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "float16": "float16",

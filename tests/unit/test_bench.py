@@ -1,14 +1,17 @@
 """ddl-bench's helpers: sizes, exact inputs, the nccl-tests bandwidth formulas."""
+import argparse
+
 import numpy as np
 import pytest
 
 from ddl.tools import bench
+from ddl.tools.cli import size
 
 
-def test_parse_size():
-    assert [bench.parse_size(s) for s in ("8", "64K", "64M", "1G")] == [8, 65536, 64 << 20, 1 << 30]
-    with pytest.raises(Exception):
-        bench.parse_size("lots")
+def test_size_arguments():
+    assert [size(s) for s in ("8", "64K", "64M", "1G")] == [8, 65536, 64 << 20, 1 << 30]
+    with pytest.raises(argparse.ArgumentTypeError, match="bad size 'lots'"):
+        size("lots")
 
 
 def test_sizes_sweep_like_nccl_tests():
