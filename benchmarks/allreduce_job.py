@@ -26,7 +26,7 @@ def main() -> int:
     import ddl
     from mpi4py import MPI
 
-    from ddl.tools.bench import Runner, measure
+    from ddl.tools.measure import Runner, measure
     from ddl.units import parse_size
 
     comm = MPI.COMM_WORLD

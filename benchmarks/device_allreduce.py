@@ -84,7 +84,7 @@ def worker(repeats: int) -> dict:
 
 
 def report(results: dict) -> str:
-    from ddl.tools.bench import bandwidth
+    from ddl.tools.measure import bandwidth
 
     n = results["ranks"]
     lines = [f"# Device allreduce against the host path ({n} ranks sharing {results['gpu']})", "",
@@ -102,7 +102,7 @@ def report(results: dict) -> str:
 
 
 def main() -> int:
-    from ddl.tools.bench import self_launched
+    from ddl.tools.measure import self_launched
 
     return self_launched(__file__, __doc__, worker, lambda results, n: report(results), repeats=9)
 

@@ -28,7 +28,7 @@ def side_by_side(repeats: int) -> dict:
     import ddl
     from mpi4py import MPI
 
-    from ddl.tools.bench import Runner, measure
+    from ddl.tools.measure import Runner, measure
 
     comm = MPI.COMM_WORLD
     ddl.init(comm)

@@ -76,7 +76,7 @@ def worker(repeats: int) -> dict:
 
 
 def report(results: dict, n: int) -> str:
-    from ddl.tools.bench import bandwidth
+    from ddl.tools.measure import bandwidth
 
     base = results["one allreduce, 100 MB"]
     lines = [f"# Distributed optimizer: communication per step against one allreduce ({n} ranks, this host)",
@@ -101,7 +101,7 @@ def note(args) -> str:
 
 
 def main() -> int:
-    from ddl.tools.bench import self_launched
+    from ddl.tools.measure import self_launched
 
     return self_launched(__file__, __doc__, worker, report, repeats=7, note=note)
 

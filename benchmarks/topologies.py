@@ -118,7 +118,7 @@ def run_topology(name: str, t, sizes: list[int], rounds: int, settings: list[dic
 
 
 def busbw(nbytes: int, us: float, n: int) -> float:
-    from ddl.tools.bench import bandwidth
+    from ddl.tools.measure import bandwidth
 
     return bandwidth(nbytes, us, n)[1]
 
@@ -162,7 +162,7 @@ def _size(n: int) -> str:
 
 
 def table(result: dict, bound: dict, nranks: int) -> str:
-    from ddl.tools.bench import bandwidth
+    from ddl.tools.measure import bandwidth
 
     times = result["times"]
     algos = [a for a in LABELS if a in times]

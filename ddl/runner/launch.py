@@ -59,7 +59,8 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Launch:
+    """What ddlrun will start: the mpiexec job, each rank's host and IBM's tiers where they fit."""
     job: mpirun.Job
     rank_hosts: list[str]                   # where each rank runs
     dims: tuple[int, ...] | None            # IBM's tiers, where the placement has that shape
@@ -126,7 +127,7 @@ def host_list(rank_hosts: list[str]) -> str:
     return ";".join(f"{h}:{','.join(map(str, rs))}" for h, rs in ranks.items())
 
 
-def plan(req: Request, here: Machine) -> Plan:
+def plan(req: Request, here: Machine) -> Launch:
     if not req.program:
         raise LaunchError("no program given")
     rank_hosts = placement(req, here)
@@ -153,4 +154,4 @@ def plan(req: Request, here: Machine) -> Plan:
                      None if local else rank_hosts, set_env=settings, forward=tuple(forward), agent=req.agent,
                      iface=req.iface, tcp=req.tcp or req.agent is not None, mpiargs=tuple(req.mpiargs))
     remote = not local and any(h != here.hostname and h not in LOCAL_NAMES for h in rank_hosts)
-    return Plan(job, rank_hosts, dims, remote)
+    return Launch(job, rank_hosts, dims, remote)

@@ -1,30 +1,32 @@
-"""ddl-bench: allreduce bandwidth in nccl-tests' format, with MPI's own allreduce side by side.
+"""ddl-bench: collective bandwidth in nccl-tests' format, with its peers side by side.
 
-    ddl-bench --np 4 -b 8 -e 64M -f 8 --algo ddl,mpi
+    ddl-bench --np 4 -b 8 -e 64M -f 2 --algo ddl,mpi
+    ddl-bench --np 4 --collective allgather -d all
 
-Columns follow nccl-tests (doc/PERFORMANCE.md): algbw = size / time; busbw = algbw * 2(n-1)/n, comparable
-with the hardware's per-rank bandwidth at any rank count. Out-of-place writes a preallocated output, in-place
-reduces the buffer itself, for ddl and MPI alike. Each size runs every algorithm in turn, so ratios are taken
-side by side in one run. Results are checked on inputs whose reduction is exact in every dtype; wrong
-elements are counted per rank and the exit status is non-zero if any are found.
+The main table is nccl-tests' own (``size count type redop root  time algbw busbw #wrong`` out of place, then
+in place), for the first algorithm of ``--algo`` alone, so parsers written for nccl-tests read it unchanged.
+The other algorithms run at each size in turn with it, so ratios are side by side in one run; they are
+reported after the main table in a comparison table whose every line is a comment. busbw = algbw times
+2(n-1)/n (allreduce), 1 (broadcast) or (n-1)/n (allgather, whose size is the gathered whole). Results are
+checked on inputs whose reduction is exact in every dtype; wrong elements are counted and make the exit
+status non-zero.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 
 import numpy as np
 
 from ..config import launched_by_mpi
-from ..units import bandwidth as _bandwidth_seconds
 from .cli import Parser, one_line_errors, size
+from .measure import AVERAGES, COLLECTIVES, OPS, Runner, bandwidth, measure
 
 DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "float16": "float16",
           "bfloat16": "bfloat16", "double": "float64", "float64": "float64", "int32": "int32", "int": "int32",
           "int64": "int64"}
+ALL_DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -35,273 +37,199 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-def inputs(rank: int, count: int, dtype: np.dtype, op: str) -> np.ndarray:
-    """Small integers (sum, min, max, avg) or +-1 (prod): every reduction of them is exact in every dtype."""
-    i = np.arange(count, dtype=np.int64)
-    v = ((i + rank) % 2) * 2 - 1 if op == "prod" else (i + rank) % 7 - 3
-    return v.astype(dtype)
-
-
-def expected(size: int, count: int, dtype: np.dtype, op: str) -> np.ndarray:
-    stack = np.stack([inputs(r, count, np.dtype(np.float64), op) for r in range(size)]) if count else \
-        np.zeros((size, 0))
-    ref = {"sum": stack.sum(0), "avg": stack.sum(0) / size, "prod": stack.prod(0), "min": stack.min(0),
-           "max": stack.max(0)}[op]
-    return ref
-
-
-def count_wrong(got: np.ndarray, ref: np.ndarray, op: str, dtype: np.dtype) -> int:
-    g = got.astype(np.float64)
-    if op == "avg":  # sum then scale: one rounding in the dtype
-        tol = 1e-2 if dtype.itemsize == 2 else 1e-6
-        return int(np.count_nonzero(np.abs(g - ref) > tol * np.maximum(1.0, np.abs(ref))))
-    return int(np.count_nonzero(g != ref))
-
-
-class Runner:
-    """One way of doing an allreduce, out of place (into ``out``) or in place: ``ddl`` (its own plan),
-    ``ddl-ring`` (ddl forced to one flat ring in rank order), ``mpi`` (MPI_Allreduce of this MPI, whatever
-    its collective components choose) or ``gloo`` (PyTorch's gloo all_reduce, where torch is installed)."""
-
-    ALGOS = ("ddl", "ddl-ring", "mpi", "gloo")
-
-    def __init__(self, algo: str, comm):
-        if algo not in self.ALGOS:
-            raise ValueError(f"unknown algorithm {algo!r} (known: {', '.join(self.ALGOS)})")
-        self.algo, self.comm = algo, comm
-        from mpi4py import MPI
-
-        self.MPI = MPI
-        self.mpi_op = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
-        self.ddl = None
-        if algo == "ddl-ring":
-            import ddl
-            from ddl.options import parse
-
-            self.ddl = ddl.Communicator.from_mpi(comm, options=parse("-algo ring"),
-                                                 hierarchy=list(range(comm.size)))
-        if algo == "gloo":
-            self.gloo = _gloo_group(comm)
-
-    def supports(self, dtype: np.dtype) -> bool:
-        return self.algo.startswith("ddl") or dtype.itemsize > 2  # MPI has no float16 / bfloat16
-
-    def __call__(self, x: np.ndarray, out: np.ndarray, op: str, inplace: bool) -> None:
-        import ddl
-
-        if self.algo.startswith("ddl"):
-            (self.ddl or ddl).allreduce(out if inplace else x, op, out=out)
-            return
-        if self.algo == "gloo":
-            self.gloo(x, out, op, inplace)
-            return
-        self.comm.Allreduce(self.MPI.IN_PLACE if inplace else x, out, op=self.mpi_op[op])
-        if op == "avg":
-            out /= self.comm.size
-
-
-def _gloo_group(comm):
-    """torch.distributed's gloo group over the ranks of ``comm`` (rendezvous at rank 0's address on the
-    interface DDL_BENCH_IFACE, default eth0 when there is one, else loopback); returns an allreduce."""
-    import socket
-
-    import torch
-    import torch.distributed as dist
-
-    iface = os.environ.get("DDL_BENCH_IFACE", "eth0" if os.path.exists("/sys/class/net/eth0") else "lo")
-    addr = None
-    if comm.rank == 0:
-        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        probe.setsockopt(socket.SOL_SOCKET, 25, iface.encode())  # SO_BINDTODEVICE: this interface's address
-        probe.connect(("10.255.255.255", 1))
-        host = probe.getsockname()[0]
-        with socket.socket() as s:
-            s.bind((host, 0))
-            addr = (host, s.getsockname()[1])
-    host, port = comm.bcast(addr)
-    os.environ["GLOO_SOCKET_IFNAME"] = iface
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size)
-    ops = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
-           "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
-
-    def allreduce(x, out, op, inplace):
-        if not inplace:
-            out[...] = x  # gloo reduces in place: out of place costs it a copy, as it would a user
-        dist.all_reduce(torch.from_numpy(out), op=ops[op])
-        if op == "avg":
-            out /= comm.size
-    return allreduce
-
-
-def measure(runner: Runner, comm, count: int, dtype: np.dtype, op: str, iters: int, warmup: int,
-            check: bool, min_seconds: float = 0.0, places: tuple[bool, ...] = (False, True)) -> dict:
-    """Times (max over ranks of the mean per call) and checks one algorithm at one size. Small sizes run more
-    than ``iters`` iterations when needed to fill ``min_seconds``: on a shared CPU a few microsecond-long calls
-    say more about the scheduler than about the allreduce."""
-    x = inputs(comm.rank, count, dtype, op)
-    out = np.empty_like(x)
-    ref = expected(comm.size, count, dtype, op) if check else None
-    record = {}
-    for inplace in places:
-        key = "in" if inplace else "out"
-        start = time.perf_counter()
-        if check:  # the checked call warms up too: with warmup=0 it alone estimates the time per call
-            out[...] = x
-            runner(x, out, op, inplace)
-            record[f"{key}_wrong"] = count_wrong(out, ref, op, dtype)
-        if warmup:
-            start = time.perf_counter()
-        for _ in range(warmup):
-            runner(x, out, op, inplace)
-        per_call = (time.perf_counter() - start) / max(warmup, 1)
-        n = max(iters, int(min_seconds / per_call) if per_call > 0 else iters)
-        n = comm.allreduce(n, op=runner.MPI.MAX)  # every rank runs the same number of calls
-        comm.Barrier()
-        start = time.perf_counter()
-        for _ in range(n):
-            runner(x, out, op, inplace)
-        local = (time.perf_counter() - start) / max(n, 1)
-        record[f"{key}_us"] = comm.allreduce(local, op=runner.MPI.MAX) * 1e6
-    if check:
-        from mpi4py import MPI
-
-        for key in [k for k in ("out_wrong", "in_wrong") if k in record]:
-            record[key] = comm.allreduce(record[key], op=MPI.SUM)
-    return record
-
-
-def bandwidth(nbytes: int, us: float, n: int) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s for a time in microseconds."""
-    return _bandwidth_seconds(nbytes, us * 1e-6, n)
-
-
-def self_launched(script: str, doc: str, worker, report, repeats: int = 7, note=None) -> int:
-    """main() of a benchmark script that launches itself under mpiexec: ``worker(repeats)`` runs on every rank
-    (rank 0's dict comes back as JSON), ``report(results, nranks)`` makes the table, printed and written to
-    --out with the command (and ``note(args)``, if given) under it."""
-    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    ap.add_argument("--np", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=repeats)
-    ap.add_argument("--out", help="also write the table to this file")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        results = worker(args.repeats)
-        import ddl
-
-        if ddl.rank() == 0:
-            sys.stdout.write(json.dumps(results) + "\n")
-        return 0
-    from ..runner import mpirun
-
-    results = mpirun.worker_json(args.np, [sys.executable, os.path.abspath(script), "--worker",
-                                           "--repeats", str(args.repeats)])
-    if results is None:
-        return 1
-    name = os.path.relpath(os.path.abspath(script))
-    text = (report(results, args.np) + f"\n\nCommand: `python {name} --np {args.np} --repeats {args.repeats}`"
-            + (f" {note(args)}" if note else "") + "\n")
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    return 0
-
-
-def sizes(begin: int, end: int, factor: float) -> list[int]:
+def sizes(begin: int, end: int, factor: float | None = 2.0, step: int | None = None) -> list[int]:
+    """nccl-tests' sweep: multiply by ``factor`` where given, else add ``step`` bytes."""
     out, s = [], begin
     while s <= end:
         out.append(s)
-        s = int(s * factor) if factor > 1 else s + max(1, int(factor))
+        s = int(s * factor) if factor and factor > 1 else s + max(1, step or 1)
     return out
+
+
+def parse_args(argv):
+    ap = Parser(prog="ddl-bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("-b", "--minbytes", type=size, default=8)
+    ap.add_argument("-e", "--maxbytes", type=size, default=64 << 20)
+    ap.add_argument("-f", "--stepfactor", type=float, help="multiply the size by this (default 2)")
+    ap.add_argument("-i", "--stepbytes", type=size, help="add this to the size (where -f is not given)")
+    ap.add_argument("-n", "--iters", type=int, default=20)
+    ap.add_argument("-w", "--warmup_iters", type=int, default=5)
+    ap.add_argument("-N", "--run_cycles", type=int, default=1, help="run the whole sweep this many times")
+    ap.add_argument("-a", "--average", type=int, default=1, choices=sorted(AVERAGES),
+                    help="time reported: 0 rank 0's, 1 average over ranks, 2 minimum, 3 maximum")
+    ap.add_argument("-c", "--check", type=int, default=1, help="verify results (1) or not (0)")
+    ap.add_argument("-d", "--datatype", default="float", choices=sorted(DTYPES) + ["all"])
+    ap.add_argument("-o", "--op", default="sum", choices=list(OPS) + ["all"])
+    ap.add_argument("-r", "--root", type=int, default=0, help="broadcast's root")
+    ap.add_argument("-J", "--output_file", help="write the results as JSON (nccl-tests' layout)")
+    ap.add_argument("--collective", default="allreduce", choices=COLLECTIVES)
+    ap.add_argument("--min-seconds", type=float, default=0.2,
+                    help="run more iterations where needed to time at least this long (0: exactly -n)")
+    ap.add_argument("--algo", default="ddl,mpi", help="comma list of " + ", ".join(Runner.ALGOS))
+    ap.add_argument("--np", type=int, default=0, help="launch this many ranks with mpiexec (this host)")
+    args = ap.parse_args(argv)
+    if args.run_cycles < 1:
+        ap.error("-N/--run_cycles must be at least 1 (nccl-tests' 0 runs forever; ddl-bench does not)")
+    if args.iters < 1 or args.warmup_iters < 0:
+        ap.error("-n must be at least 1 and -w at least 0")
+    if args.stepfactor is not None and args.stepfactor <= 1 and not args.stepbytes:
+        ap.error("-f must be greater than 1 (or give -i for a linear sweep)")
+    if args.minbytes > args.maxbytes:
+        ap.error(f"-b {args.minbytes} is larger than -e {args.maxbytes}")
+    args.algos = [a for a in args.algo.split(",") if a]
+    unknown = [a for a in args.algos if a not in Runner.ALGOS]
+    if unknown or not args.algos:
+        ap.error(f"unknown algorithm {','.join(unknown) or '(none)'} in --algo (known: {', '.join(Runner.ALGOS)})")
+    if args.collective != "allreduce":
+        if set(args.algos) & {"ddl-ring", "gloo"}:
+            ap.error(f"--algo ddl-ring and gloo run allreduce only, not {args.collective}")
+        args.op = "sum"
+    if args.stepfactor is None and args.stepbytes is None:
+        args.stepfactor = 2.0
+    return args
+
+
+def launch_self(args, argv) -> int:
+    from ..runner.mpirun import run
+
+    forward = list(argv if argv is not None else sys.argv[1:])
+    i = forward.index("--np") if "--np" in forward else None
+    if i is not None:
+        del forward[i:i + 2]
+    forward = [a for a in forward if not a.startswith("--np=")]
+    # Not `python -m ddl.tools.bench`: that puts the working directory first on sys.path, and from a source
+    # checkout it would import the uncompiled tree instead of the installed ddl.
+    start = "import sys; del sys.path[0]; from ddl.tools.bench import main; sys.exit(main())"
+    return run(args.np, [sys.executable, "-c", start, *forward], timeout=1800)
+
+
+def header(args, n: int, hosts: int, mpi: str) -> str:
+    how = AVERAGES[args.average]
+    step = f"factor {args.stepfactor:g}" if args.stepfactor else f"step {args.stepbytes} B"
+    top = " " * 35 + f"{'out-of-place':>30}{'in-place':>32}"
+    names = (f"{'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} "
+             f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}")
+    units = (f"{'(B)':>10} {'(elements)':>12} {'':>8} {'':>6} {'':>5} "
+             f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}  {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7}")
+    return "\n".join([
+        f"# ddl-bench {args.collective}: {n} ranks on {hosts} host(s), {mpi}; main table: {args.algos[0]}",
+        f"# minBytes {args.minbytes} maxBytes {args.maxbytes} step: {step} warmup iters: {args.warmup_iters} "
+        f"iters: {args.iters} (at least {args.min_seconds} s) cycles: {args.run_cycles} validation: {args.check}",
+        f"# time = {how} the mean per call",
+        "#", "#" + top, "# " + names, "# " + units])
+
+
+def row_text(rec: dict) -> str:
+    def side(key):
+        wrong = str(rec.get(f"{key}_wrong", "N/A"))
+        return f"{rec[f'{key}_us']:>9.1f} {rec[f'{key}_algbw']:>7.3f} {rec[f'{key}_busbw']:>7.3f} {wrong:>6}"
+    return (f"{rec['size']:>10} {rec['count']:>12} {rec['type']:>8} {rec['redop']:>6} {rec['root']:>5} "
+            f"{side('out')}  {side('in')}")
+
+
+def sweep(args, comm, runners, emit) -> list[dict]:
+    """Every cycle, dtype, op and size, each algorithm in turn; ``emit(rec)`` gets each record as it lands."""
+    dtypes = ALL_DTYPES if args.datatype == "all" else (DTYPES[args.datatype],)
+    ops = OPS if args.op == "all" else (args.op,)
+    n, rows = comm.size, []
+    for cycle in range(args.run_cycles):
+        for dtype in map(numpy_dtype, dtypes):
+            for op in ops:
+                for nbytes in sizes(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes):
+                    for runner in runners:
+                        if not runner.supports(dtype, op):
+                            continue
+                        rec = measure(runner, comm, nbytes // dtype.itemsize, dtype, op, args.iters,
+                                      args.warmup_iters, bool(args.check), args.min_seconds, root=args.root,
+                                      average=args.average)
+                        rec.update(type=dtype.name, redop=op if args.collective == "allreduce" else "none",
+                                   root=args.root if args.collective == "broadcast" else -1, algo=runner.algo,
+                                   ranks=n, cycle=cycle)
+                        for key in ("out", "in"):
+                            rec[f"{key}_algbw"], rec[f"{key}_busbw"] = bandwidth(
+                                rec["size"], rec[f"{key}_us"], n, args.collective)
+                        rows.append(rec)
+                        emit(rec)
+    return rows
+
+
+def comparison(rows: list[dict], algos: list[str]) -> list[str]:
+    """The side-by-side table: every algorithm's in-place busbw, and its time over the first algorithm's."""
+    if len(algos) < 2:
+        return []
+    first = algos[0]
+    key = lambda r: (r["cycle"], r["type"], r["redop"], r["size"])
+    by = {(key(r), r["algo"]): r for r in rows}
+    lines = ["#", f"# Side by side (in-place busbw GB/s; time / {first}'s time, out-of-place and in-place):",
+             "# " + f"{'size':>10} {'type':>8} {'redop':>6}" + "".join(f" {a:>26}" for a in algos)]
+    for k in sorted({key(r) for r in rows if r["algo"] == first}):
+        base = by[(k, first)]
+        cells = []
+        for a in algos:
+            r = by.get((k, a))
+            cells.append(f" {'-':>26}" if r is None else
+                         f" {r['in_busbw']:>8.3f} {r['out_us'] / base['out_us']:>8.2f}x {r['in_us'] / base['in_us']:>6.2f}x")
+        lines.append("# " + f"{k[3]:>10} {k[1]:>8} {k[2]:>6}" + "".join(cells))
+    return lines
+
+
+def as_nccl_tests_json(args, argv, rows: list[dict], n: int, hosts: int, mpi: str, wrong: int) -> dict:
+    """nccl-tests' -J layout (config, results with out_of_place / in_place, out_of_bounds); the other
+    algorithms' rows under ``peers`` in the same shape."""
+    def entry(r):
+        side = lambda k: {"time": r[f"{k}_us"], "alg_bw": r[f"{k}_algbw"], "bus_bw": r[f"{k}_busbw"],
+                          "nwrong": r.get(f"{k}_wrong", "N/A")}
+        return {"size": r["size"], "count": r["count"], "type": r["type"], "redop": r["redop"], "root": r["root"],
+                "cycle": r["cycle"], "out_of_place": side("out"), "in_place": side("in")}
+    first = args.algos[0]
+    main_rows = [r for r in rows if r["algo"] == first]
+    return {
+        "version": 1, "tool": "ddl-bench", "args": list(argv if argv is not None else sys.argv[1:]),
+        "collective": args.collective, "algo": first,
+        "config": {"nranks": n, "hosts": hosts, "mpi": mpi, "minimum_bytes": args.minbytes,
+                   "maximum_bytes": args.maxbytes, "step_factor": args.stepfactor, "step_bytes": args.stepbytes,
+                   "iterations": args.iters, "warmup_iters": args.warmup_iters, "run_cycles": args.run_cycles,
+                   "average": args.average, "validation": args.check, "min_seconds": args.min_seconds},
+        "results": [entry(r) for r in main_rows],
+        "peers": {a: [entry(r) for r in rows if r["algo"] == a] for a in args.algos[1:]},
+        "out_of_bounds": {"count": wrong, "okay": "true" if wrong == 0 else "false"},
+        "average_bus_bandwidth": (sum(r["in_busbw"] for r in main_rows) / len(main_rows)) if main_rows else 0.0,
+        "end_time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
 
 
 @one_line_errors("ddl-bench")
 def main(argv: list[str] | None = None) -> int:
-    ap = Parser(prog="ddl-bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("-b", "--minbytes", type=size, default=8)
-    ap.add_argument("-e", "--maxbytes", type=size, default=64 << 20)
-    ap.add_argument("-f", "--stepfactor", type=float, default=2.0)
-    ap.add_argument("-n", "--iters", type=int, default=20)
-    ap.add_argument("-w", "--warmup_iters", type=int, default=5)
-    ap.add_argument("-N", "--min-seconds", type=float, default=0.2,
-                    help="run more iterations where needed to time at least this long (0: exactly -n)")
-    ap.add_argument("-c", "--check", type=int, default=1, help="verify results (1) or not (0)")
-    ap.add_argument("-d", "--datatype", default="float", choices=sorted(DTYPES))
-    ap.add_argument("-o", "--op", default="sum", choices=["sum", "avg", "prod", "min", "max"])
-    ap.add_argument("-J", "--output_file", help="write the results as JSON")
-    ap.add_argument("--algo", default="ddl,mpi", help="comma list of " + ", ".join(Runner.ALGOS))
-    ap.add_argument("--np", type=int, default=0, help="launch this many ranks with mpiexec (this host)")
-    args = ap.parse_args(argv)
-
+    args = parse_args(argv)
     if args.np and not launched_by_mpi():
-        from ..runner.mpirun import run
-
-        forward = list(argv if argv is not None else sys.argv[1:])
-        i = forward.index("--np") if "--np" in forward else None
-        if i is not None:
-            del forward[i:i + 2]
-        forward = [a for a in forward if not a.startswith("--np=")]
-        # Not `python -m ddl.tools.bench`: that puts the working directory first on sys.path, and from a source
-        # checkout it would import the uncompiled tree instead of the installed ddl.
-        start = "import sys; del sys.path[0]; from ddl.tools.bench import main; sys.exit(main())"
-        return run(args.np, [sys.executable, "-c", start, *forward], timeout=1800)
+        return launch_self(args, argv)
 
     import ddl
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     ddl.init(comm)
-    dtype = numpy_dtype(DTYPES[args.datatype])
-    runners = [Runner(a, comm) for a in args.algo.split(",")]
-    n = comm.size
-    rows = []
-    if comm.rank == 0:
-        print(f"# ddl-bench allreduce: {n} ranks on {ddl.num_hosts()} host(s), {MPI.Get_library_version().splitlines()[0]}")
-        print(f"# dtype {dtype.name}, op {args.op}, at least {args.iters} iterations and {args.min_seconds} s "
-              f"after {args.warmup_iters} warm-up; time = max over ranks of the mean per call")
-        print("#")
-        print(f"# {'':>55}{'out-of-place':>30}{'in-place':>32}")
-        print(f"# {'size':>10} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'algo':>8}"
-              f" {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}")
-        print(f"# {'(B)':>10} {'(elements)':>12} {'':>9} {'':>6} {'':>5} {'':>8}"
-              f" {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}  {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7}")
-    for nbytes in sizes(args.minbytes, args.maxbytes, args.stepfactor):
-        count = max(nbytes // dtype.itemsize, 0)
-        for runner in runners:
-            if not runner.supports(dtype):
-                continue
-            rec = measure(runner, comm, count, dtype, args.op, args.iters, args.warmup_iters, bool(args.check),
-                          args.min_seconds)
-            rec.update(size=count * dtype.itemsize, count=count, type=dtype.name, redop=args.op, algo=runner.algo,
-                       ranks=n)
-            for key in ("out", "in"):
-                rec[f"{key}_algbw"], rec[f"{key}_busbw"] = bandwidth(rec["size"], rec[f"{key}_us"], n)
-            rows.append(rec)
-            if comm.rank == 0:
-                w = lambda k: str(rec.get(k, "N/A"))
-                print(f"  {rec['size']:>10} {count:>12} {dtype.name:>9} {args.op:>6} {-1:>5} {runner.algo:>8}"
-                      f" {rec['out_us']:>9.1f} {rec['out_algbw']:>7.3f} {rec['out_busbw']:>7.3f} {w('out_wrong'):>6}"
-                      f"  {rec['in_us']:>9.1f} {rec['in_algbw']:>7.3f} {rec['in_busbw']:>7.3f} {w('in_wrong'):>6}",
-                      flush=True)
+    if args.collective == "broadcast" and not 0 <= args.root < comm.size:
+        raise ValueError(f"-r {args.root} is not a rank (0..{comm.size - 1})")
+    runners = [Runner(a, comm, args.collective) for a in args.algos]
+    n, hosts, mpi = comm.size, ddl.num_hosts(), MPI.Get_library_version().splitlines()[0].strip("\x00 ")
+    lead = comm.rank == 0
+    if lead:
+        print(header(args, n, hosts, mpi), flush=True)
+    first = args.algos[0]
+    rows = sweep(args, comm, runners,
+                 lambda rec: lead and rec["algo"] == first and print("  " + row_text(rec), flush=True))
     wrong = sum(r.get("out_wrong", 0) + r.get("in_wrong", 0) for r in rows)
-    if comm.rank == 0:
+    if lead:
+        main_rows = [r for r in rows if r["algo"] == first]
         print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
-        ddl_rows = {r["size"]: r for r in rows if r["algo"] == "ddl"}
-        mpi_rows = {r["size"]: r for r in rows if r["algo"] == "mpi"}
-        if ddl_rows and mpi_rows:
-            print("# ddl time / MPI_Allreduce time (out-of-place, in-place):")
-            for s in sorted(set(ddl_rows) & set(mpi_rows)):
-                d, m = ddl_rows[s], mpi_rows[s]
-                print(f"#   {s:>10} B: {d['out_us'] / m['out_us']:.2f}  {d['in_us'] / m['in_us']:.2f}")
-        if ddl_rows:
-            avg = sum(r["in_busbw"] for r in ddl_rows.values()) / len(ddl_rows)
-            print(f"# Avg bus bandwidth (ddl, in-place) : {avg:.3f} GB/s")
+        if main_rows:
+            avg = sum(r["in_busbw"] for r in main_rows) / len(main_rows)
+            print(f"# Avg bus bandwidth    : {avg:.3f} ({first}, in-place)")
+        print("\n".join(comparison(rows, args.algos)))
         if args.output_file:
             with open(args.output_file, "w") as f:
-                json.dump({"ranks": n, "hosts": ddl.num_hosts(), "mpi": MPI.Get_library_version().splitlines()[0],
-                           "results": rows}, f, indent=1)
+                json.dump(as_nccl_tests_json(args, argv, rows, n, hosts, mpi, wrong), f, indent=1)
     return 1 if wrong else 0
 
 

@@ -37,10 +37,9 @@ def describe(c: cluster.Cluster, counters: bool = True) -> str:
     return "\n".join(lines)
 
 
-@one_line_errors("ddl-cluster")
-def main(argv: list[str] | None = None) -> int:
+def parser() -> Parser:
     ap = Parser(prog="ddl-cluster", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=emulate.__doc__)
+                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=emulate.__doc__)
     sub = ap.add_subparsers(dest="what", required=True)
     up = sub.add_parser("up", help="build a cluster and keep it")
     up.add_argument("spec", help="T1..T4, a shape such as 2x2x2:nic=1gbit, or a topology file")
@@ -58,51 +57,68 @@ def main(argv: list[str] | None = None) -> int:
     dn = sub.add_parser("down", help="remove a cluster (or --all)")
     dn.add_argument("name", nargs="?")
     dn.add_argument("--all", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
 
+
+def up(args, ap) -> int:
+    why = cluster.available()
+    if why:
+        print(f"ddl-cluster: {why}", file=sys.stderr)
+        return 2
+    taken = set(cluster.saved())
+    name = args.name or next(f"c{i}" for i in range(len(taken) + 1) if f"c{i}" not in taken)
+    c = cluster.Cluster(args.spec, name=name)
     try:
-        if args.what == "up":
-            why = cluster.available()
-            if why:
-                print(f"ddl-cluster: {why}", file=sys.stderr)
-                return 2
-            taken = set(cluster.saved())
-            name = args.name or next(f"c{i}" for i in range(len(taken) + 1) if f"c{i}" not in taken)
-            c = cluster.Cluster(args.spec, name=name)
-            try:
-                c.up()
-                c.save()
-            except BaseException:
-                c.down()
-                raise
-            print(describe(c, counters=False))
-            return 0
-        if args.what == "status":
-            names = [args.name] if args.name else cluster.saved()
-            if not names:
-                print("no emulated clusters")
-            for n in names:
-                print(describe(cluster.Cluster.attach(n)))
-            return 0
-        if args.what == "down":
-            names = cluster.saved() if args.all else [args.name] if args.name else []
-            if not names:
-                ap.error("down needs a cluster name or --all")
-            for n in names:
-                c = cluster.Cluster.attach(n)
-                c.down()
-                c.forget()
-                print(f"removed {n}")
-            return 0
-        command = args.command[1:] if args.command[:1] == ["--"] else args.command
-        if not command:
-            ap.error(f"{args.what} needs a command after --")
-        c = cluster.Cluster.attach(args.name)
-        if args.what == "exec":
-            import subprocess
+        c.up()
+        c.save()
+    except BaseException:
+        c.down()  # a half-built cluster is not left behind
+        raise
+    print(describe(c, counters=False))
+    return 0
 
-            return subprocess.run(c.exec_argv(args.host, command)).returncode
-        return c.mpirun(command, timeout=args.timeout).returncode
+
+def status(args, ap) -> int:
+    names = [args.name] if args.name else cluster.saved()
+    if not names:
+        print("no emulated clusters")
+    for n in names:
+        print(describe(cluster.Cluster.attach(n)))
+    return 0
+
+
+def down(args, ap) -> int:
+    names = cluster.saved() if args.all else [args.name] if args.name else []
+    if not names:
+        ap.error("down needs a cluster name or --all")
+    for n in names:
+        c = cluster.Cluster.attach(n)
+        c.down()
+        c.forget()
+        print(f"removed {n}")
+    return 0
+
+
+def run_command(args, ap) -> int:
+    """``exec`` on one host, or ``run`` an MPI job over the cluster."""
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        ap.error(f"{args.what} needs a command after --")
+    c = cluster.Cluster.attach(args.name)
+    if args.what == "exec":
+        import subprocess
+
+        return subprocess.run(c.exec_argv(args.host, command)).returncode
+    return c.mpirun(command, timeout=args.timeout).returncode
+
+
+@one_line_errors("ddl-cluster")
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    action = {"up": up, "status": status, "down": down, "exec": run_command, "run": run_command}[args.what]
+    try:
+        return action(args, ap)
     except DDLError as e:
         print(f"ddl-cluster: {e}", file=sys.stderr)
         return 2

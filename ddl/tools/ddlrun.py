@@ -173,7 +173,7 @@ def _say(text: str) -> None:
     print(f"ddlrun: {text}", file=sys.stderr, flush=True)
 
 
-def _describe(p: launch.Plan, source: str) -> None:
+def _describe(p: launch.Launch, source: str) -> None:
     _say(f"{len(p.rank_hosts)} ranks, hosts from {source}: {launch.host_list(p.rank_hosts)}")
     if p.dims:
         _say("tiers: " + " x ".join(f"{d} {t}" for d, t in zip(p.dims, launch.TIERS)))
@@ -249,7 +249,7 @@ def _emulated(args, program: list[str]) -> int:
         raise DDLError(f"--emulate {args.emulate} runs {c.nranks} ranks; -np {args.np} disagrees")
     here = _machine()
 
-    def planned(workdir: str) -> tuple[launch.Plan, list[str], dict[str, str]]:
+    def planned(workdir: str) -> tuple[launch.Launch, list[str], dict[str, str]]:
         # The job plans over the cluster's switches: its topology file travels in DDL_TOPOLOGY.
         topology = {"DDL_TOPOLOGY": f"{workdir}/topology.json"}
         p, cmd, env = _prepare(args, program, f"--emulate {args.emulate}", None, c.rank_hosts,

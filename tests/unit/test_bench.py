@@ -1,10 +1,10 @@
-"""ddl-bench's helpers: sizes, exact inputs, the nccl-tests bandwidth formulas."""
+"""ddl-bench's helpers: sizes, exact inputs, the nccl-tests formulas, the side-by-side table and JSON layout."""
 import argparse
 
 import numpy as np
 import pytest
 
-from ddl.tools import bench
+from ddl.tools import bench, measure
 from ddl.tools.cli import size
 
 
@@ -16,21 +16,88 @@ def test_size_arguments():
 
 def test_sizes_sweep_like_nccl_tests():
     assert bench.sizes(8, 64, 2) == [8, 16, 32, 64]
+    assert bench.sizes(1 << 20, 4 << 20, None, 1 << 20) == [1 << 20, 2 << 20, 3 << 20, 4 << 20]  # -i
 
 
-def test_busbw_uses_the_allreduce_factor():
-    algbw, busbw = bench.bandwidth(8_000_000, 1000.0, 4)  # 8 MB in 1 ms
+def test_factor_is_the_default_and_stepbytes_makes_a_linear_sweep():
+    assert bench.parse_args([]).stepfactor == 2.0
+    args = bench.parse_args(["-b", "1K", "-e", "4K", "-i", "1K"])
+    assert args.stepfactor is None and bench.sizes(args.minbytes, args.maxbytes, args.stepfactor,
+                                                   args.stepbytes) == [1024, 2048, 3072, 4096]
+
+
+@pytest.mark.parametrize("collective, factor", [("allreduce", 2 * 3 / 4), ("broadcast", 1.0),
+                                                ("allgather", 3 / 4)])
+def test_busbw_uses_each_collectives_factor(collective, factor):
+    algbw, busbw = measure.bandwidth(8_000_000, 1000.0, 4, collective)  # 8 MB in 1 ms
     assert algbw == pytest.approx(8.0)
-    assert busbw == pytest.approx(8.0 * 2 * 3 / 4)
+    assert busbw == pytest.approx(8.0 * factor)
 
 
 @pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "avg"])
 def test_inputs_reduce_exactly_in_float16(op):
     size, count = 8, 1000
-    want = bench.expected(size, count, np.dtype(np.float64), op)
-    stack = np.stack([bench.inputs(r, count, np.dtype(np.float16), op).astype(np.float64) for r in range(size)])
+    want = measure.expected(size, count, np.dtype(np.float64), op)
+    stack = np.stack([measure.inputs(r, count, np.dtype(np.float16), op).astype(np.float64) for r in range(size)])
     ref = {"sum": stack.sum(0), "prod": stack.prod(0), "min": stack.min(0), "max": stack.max(0),
            "avg": stack.sum(0) / size}[op]
     assert np.array_equal(want, ref)
-    assert bench.count_wrong(want.astype(np.float16), ref, op, np.dtype(np.float16)) == 0
-    assert bench.count_wrong((want + 1).astype(np.float16), ref, op, np.dtype(np.float16)) == count
+    assert measure.count_wrong(want.astype(np.float16), ref, op, np.dtype(np.float16)) == 0
+    assert measure.count_wrong((want + 1).astype(np.float16), ref, op, np.dtype(np.float16)) == count
+
+
+def test_allgather_case_expects_every_ranks_share_in_rank_order():
+    case = measure.Case("allgather", rank=1, n=3, count=10, dtype=np.dtype(np.float32), op="sum", root=0)
+    assert case.count == 9 and case.x.size == 3  # 10 elements do not split in 3: the whole is rounded down
+    shares = [measure.inputs(r, 3, np.dtype(np.float64)) for r in range(3)]
+    assert np.array_equal(case.reference(), np.concatenate(shares))
+    case.reset(inplace=True)
+    assert np.array_equal(case.out[3:6], case.x)  # in place: this rank's share sits at its offset
+
+
+def test_broadcast_case_expects_the_roots_data():
+    case = measure.Case("broadcast", rank=0, n=4, count=5, dtype=np.dtype(np.int32), op="sum", root=2)
+    assert np.array_equal(case.reference(), [-1, 0, 1, 2, 3])  # (i + 2) % 7 - 3
+    case.out[...] = case.reference()
+    assert case.wrong() == 0
+    case.out[0] = 9
+    assert case.wrong() == 1
+
+
+def rec(algo, size, out_us, in_us, busbw=1.0):
+    return {"algo": algo, "size": size, "count": size // 4, "type": "float32", "redop": "sum", "root": -1,
+            "cycle": 0, "out_us": out_us, "in_us": in_us, "out_algbw": 0.5, "out_busbw": busbw, "in_algbw": 0.5,
+            "in_busbw": busbw, "out_wrong": 0, "in_wrong": 0}
+
+
+def test_main_table_rows_have_nccl_tests_columns_and_no_algo():
+    fields = bench.row_text(rec("ddl", 1024, 10.0, 12.0)).split()
+    assert len(fields) == 13  # size count type redop root, then time algbw busbw #wrong twice
+    assert fields[:5] == ["1024", "256", "float32", "sum", "-1"]
+    assert "ddl" not in fields
+
+
+def test_side_by_side_table_is_comments_with_time_ratios():
+    rows = [rec("ddl", 1024, 10.0, 20.0), rec("mpi", 1024, 15.0, 10.0)]
+    lines = bench.comparison(rows, ["ddl", "mpi"])
+    assert all(line.startswith("#") for line in lines)
+    assert lines[-1].split()[-3:] == ["1.000", "1.50x", "0.50x"]  # mpi: busbw, 15/10, 10/20
+    assert bench.comparison(rows, ["ddl"]) == []
+
+
+def test_json_has_nccl_tests_layout_with_peers_apart():
+    args = bench.parse_args(["--algo", "ddl,mpi", "-b", "1K", "-e", "1K"])
+    rows = [rec("ddl", 1024, 10.0, 20.0), rec("mpi", 1024, 15.0, 10.0)]
+    doc = bench.as_nccl_tests_json(args, [], rows, 4, 1, "MPI", 0)
+    assert [r["size"] for r in doc["results"]] == [1024] and len(doc["peers"]["mpi"]) == 1
+    assert set(doc["results"][0]["out_of_place"]) == {"time", "alg_bw", "bus_bw", "nwrong"}
+    assert doc["results"][0]["in_place"]["time"] == 20.0
+    assert doc["out_of_bounds"] == {"count": 0, "okay": "true"}
+    assert doc["config"]["iterations"] == 20 and doc["config"]["run_cycles"] == 1
+
+
+def test_integer_average_is_skipped_not_failed():
+    runner = measure.Runner.__new__(measure.Runner)
+    runner.algo = "ddl"
+    assert not runner.supports(np.dtype(np.int32), "avg")
+    assert runner.supports(np.dtype(np.float16), "avg")
