@@ -42,6 +42,16 @@ SETTINGS = {
         Setting("DDL_NCCL_LIBRARY", "", "path of libnccl.so to use (default: the nvidia-nccl-cu13/-cu12 wheel, "
                 "else the system's libnccl.so.2)"),
         Setting("DDL_CUDA_DRIVER", "libcuda.so.1", "the CUDA driver library ddl opens for GPU arrays"),
+        Setting("DDL_PROBE", "auto", "measure the network's switch levels between hosts: auto (when a job spans 3 "
+                "or more hosts and no plan, hierarchy, topology or tiers were given), 0 (never), 1 (also on 2 "
+                "hosts), force (measure again, ignoring the cache)"),
+        Setting("DDL_PROBE_CACHE", "", "folder of probe results kept per set of hosts (default "
+                "~/.cache/ddl/probe; 'off': no cache)"),
+        Setting("DDL_PROBE_BUDGET", "5", "seconds the probe may spend measuring before it gives up (hosts-only tree)"),
+        Setting("DDL_PROBE_WINDOW", "16", "the probe pairs each host with at most this many neighbours in host "
+                "order per stage (all pairs up to this many hosts)"),
+        Setting("DDL_SCHEDULER_TOPOLOGY", "auto", "switch levels from Slurm's `scontrol show topology`: auto (inside "
+                "a Slurm job with scontrol), off, or a file holding its output"),
         Setting("DDL_SMALL_BYTES", "65536", "largest payload carried in the agreement round itself (latency path)"),
     )
 }

@@ -3,7 +3,7 @@
 IBM's grammar: ``-mode <letter>[:<dims>]`` (letters r n b c m p; dims AxBxCxD, one per tier, innermost
 first), ``-dump_iter N``, ``-dev_sync 0|1|2``, ``-rebind_iter N``, ``-dbg_level 0|1|2``, ``-check TOL``.
 ddl adds ``-timeout S``, ``-algo NAME[,NAME...]``, ``-segment BYTES``, ``-inflight N``, ``-topology FILE``,
-``-plan FILE``. Options not given fall back to the DDL_* variables of ddl.config.
+``-plan FILE``, ``-probe auto|0|1|force``. Options not given fall back to the DDL_* variables of ddl.config.
 """
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ class Options:
     topology: str | None = None     # file or machine name; None: discovery
     plan: str | None = None         # plan file forcing the plan
     small_bytes: int = 65536
+    probe: str = "auto"             # auto, 0, 1, force (ddl.topology.probe)
     extra: dict = field(default_factory=dict)
 
 
@@ -103,6 +104,16 @@ def algorithms(text: str, where: str = "-algo") -> str:
     return ",".join(names)
 
 
+PROBE_VALUES = ("auto", "0", "1", "force")
+
+
+def probe_mode(text: str, where: str = "-probe") -> str:
+    value = text.strip().lower()
+    if value not in PROBE_VALUES:
+        raise DDLError(f"{where} {text!r}: expected one of {', '.join(PROBE_VALUES)}")
+    return value
+
+
 def _from_environment(environ) -> Options:
     seg = config.get("DDL_SEGMENT_BYTES", environ)
     inflight = config.get("DDL_INFLIGHT", environ)
@@ -114,6 +125,7 @@ def _from_environment(environ) -> Options:
         small_bytes=_number("small (DDL_SMALL_BYTES)", config.get("DDL_SMALL_BYTES", environ), int, 0),
         topology=config.get("DDL_TOPOLOGY", environ) or None,
         plan=config.get("DDL_PLAN", environ) or None,
+        probe=probe_mode(config.get("DDL_PROBE", environ), "DDL_PROBE="),
     )
 
 
@@ -131,6 +143,7 @@ _PARSERS = {
     "inflight": ("inflight", lambda v: _number("inflight", v, int, 1)),
     "topology": ("topology", str),
     "plan": ("plan", str),
+    "probe": ("probe", probe_mode),
 }
 
 

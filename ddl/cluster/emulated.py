@@ -279,15 +279,17 @@ class Cluster:
         return {link.child: (seen.get(link.up, 0), seen.get(link.down, 0)) for link in self.links}
 
     def mpirun(self, argv: list[str], mpiexec: str | None = None, env: dict[str, str] | None = None,
-               timeout: float = 600, quiet: bool = False, capture: bool = False) -> subprocess.CompletedProcess:
+               timeout: float = 600, quiet: bool = False, capture: bool = False,
+               tell_topology: bool = True) -> subprocess.CompletedProcess:
         """Runs argv as an MPI job on the cluster (mpiexec started on the first host), ranks placed as the
-        topology says, with DDL_TOPOLOGY pointing at it so ddl plans over the emulated switches. A job past
+        topology says, with DDL_TOPOLOGY pointing at it so ddl plans over the emulated switches (unless
+        ``tell_topology`` is False: then ddl sees only hosts, as on a cluster nobody describes). A job past
         ``timeout`` seconds is stopped (status supervise.TIMED_OUT), as is one interrupted (INTERRUPTED); a
         failed or stopped job leaves nothing running on any node."""
         if not self._up:
             raise ClusterError(f"cluster {self.name!r} is not up")
         exe = mpiexec or mpirun.mpiexec_path()
-        extra = {"DDL_TOPOLOGY": str(self.workdir / "topology.json"), **(env or {})}
+        extra = {**({"DDL_TOPOLOGY": str(self.workdir / "topology.json")} if tell_topology else {}), **(env or {})}
         try:
             cmd, menv = mpirun.cluster_command(exe, self.rank_hosts, str(self.workdir / "agent.sh"), argv,
                                                forward=sorted(extra),

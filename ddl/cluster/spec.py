@@ -2,13 +2,14 @@
 
     4x2                      4 nodes x 2 ranks behind one switch
     2x2x2                    2 racks x 2 nodes x 2 ranks: a bridge per rack, a spine joining the racks
+    2x2x2x1                  2 aisles x 2 racks x 2 nodes x 1 rank: racks under aisle switches under a core
     3,2,1                    uneven nodes (3, 2 and 1 ranks) behind one switch
     3,2/2,1                  racks of uneven nodes, separated by "/"
-    ...:nic=1gbit:uplink=500mbit:order=round-robin
+    ...:nic=1gbit:uplink=500mbit:aisle=100mbit:order=round-robin
     T1 .. T4                 the benchmark topologies of issue 4 (PRESETS)
     emulated-racks, a path   a topology file: its nodes, switches, link rates and placement
 
-Rates are tc's (``1gbit``, ``500mbit``); ``order`` numbers ranks packed by node (``node``, the default) or
+Rates are tc's (``1gbit``, ``500mbit``): ``uplink`` a rack's, ``aisle`` an aisle's (default: as ``uplink``); ``order`` numbers ranks packed by node (``node``, the default) or
 round-robin across the nodes (``round-robin``). This module is pure: building namespaces is ddl.cluster's job.
 """
 from __future__ import annotations
@@ -59,9 +60,10 @@ def topology(spec: str) -> topo.Topology:
             raise TopologyError(f"cluster spec {spec!r}: options (after ':') go with a shape such as 2x2x2")
         return _from_file(spec)
     opts = _options(spec, rest)
-    racks = _racks(spec, shape)
+    racks, per_aisle = _racks(spec, shape)
     nic = bits_per_second(opts.get("nic", DEFAULT_RATE))
     uplink = bits_per_second(opts.get("uplink", opts.get("nic", DEFAULT_RATE)))
+    aisle_rate = bits_per_second(opts.get("aisle", opts.get("uplink", opts.get("nic", DEFAULT_RATE))))
     order = opts.get("order", "node")
     if order not in ("node", "round-robin"):
         raise TopologyError(f"cluster spec {spec!r}: order is node or round-robin, not {order!r}")
@@ -70,10 +72,13 @@ def topology(spec: str) -> topo.Topology:
     many = len(racks) > 1
     if many:
         switches.append({"name": "spine", "level": "spine"})
+    for a in range(len(racks) // per_aisle if per_aisle else 0):
+        switches.append({"name": f"aisle{a}", "level": "aisle", "parent": "spine", "uplink": link(aisle_rate)})
     for r, rack in enumerate(racks):
         sw = f"rack{r}" if many else "switch"
+        above = f"aisle{r // per_aisle}" if per_aisle else "spine"
         switches.append({"name": sw, "level": "rack" if many else "switch",
-                         **({"parent": "spine", "uplink": link(uplink)} if many else {})})
+                         **({"parent": above, "uplink": link(uplink)} if many else {})})
         for slots in rack:
             nodes.append({"name": f"node{len(nodes)}", "slots": slots, "switch": sw})
     desc = {"name": f"emulated {spec.strip()}", "description": f"emulated cluster {text}",
@@ -102,33 +107,36 @@ def _options(spec: str, rest: str) -> dict[str, str]:
     opts = {}
     for item in filter(None, rest.split(":")):
         key, eq, value = item.partition("=")
-        if not eq or key not in ("nic", "uplink", "order"):
+        if not eq or key not in ("nic", "uplink", "aisle", "order"):
             raise TopologyError(f"cluster spec {spec!r}: bad option {item!r} (nic=RATE, uplink=RATE, "
-                                f"order=node|round-robin)")
+                                f"aisle=RATE, order=node|round-robin)")
         opts[key] = value.strip().lower()
     return opts
 
 
-def _racks(spec: str, shape: str) -> list[list[int]]:
+def _racks(spec: str, shape: str) -> tuple[list[list[int]], int]:
+    """The ranks of every node, rack by rack, and racks per aisle (0: no aisles)."""
     shape = shape.replace(" ", "")
     try:
         if "x" in shape:
             dims = [int(d) for d in shape.split("x")]
             if len(dims) == 2:
                 dims = [1] + dims
+            if len(dims) == 4:  # aisles x racks x nodes x ranks: racks listed aisle by aisle
+                return [[dims[3]] * dims[2] for _ in range(dims[0] * dims[1])], dims[1]
             if len(dims) != 3:
                 raise ValueError
             racks = [[dims[2]] * dims[1] for _ in range(dims[0])]
         else:
             racks = [[int(s) for s in rack.split(",")] for rack in shape.split("/")]
     except ValueError:
-        raise TopologyError(f"cluster spec {spec!r}: the shape is RACKSxNODESxRANKS, NODESxRANKS, or ranks per "
-                            f"node like 3,2,1 (racks split by '/')") from None
+        raise TopologyError(f"cluster spec {spec!r}: the shape is AISLESxRACKSxNODESxRANKS, RACKSxNODESxRANKS, "
+                            f"NODESxRANKS, or ranks per node like 3,2,1 (racks split by '/')") from None
     if not racks or any(not r for r in racks) or any(s < 1 for r in racks for s in r):
         raise TopologyError(f"cluster spec {spec!r}: every rack needs a node and every node a rank")
     if sum(len(r) for r in racks) > 64:
         raise TopologyError(f"cluster spec {spec!r}: more than 64 emulated nodes")
-    return racks
+    return racks, 0
 
 
 def _from_file(spec: str) -> topo.Topology:

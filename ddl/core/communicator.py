@@ -26,6 +26,7 @@ from ..planner.sources import choose_tree
 from ..schedule.algorithms import binomial_broadcast, ring_allgather
 from ..schedule.compile import CompiledPipeline, compile_blocks, native_program
 from ..topology import discover
+from ..topology.switches import switch_levels
 from ..topology import tree as hierarchical
 from . import devices
 from .agreement import CAPACITY, Agreement, hash64
@@ -65,7 +66,7 @@ class Communicator:
 
     def __init__(self, executor, rank: int, size: int, options: Options | None = None, mpi_comm=None,
                  local: tuple[int, int, int] | None = None, hierarchy=None, topology=None,
-                 reports: list[dict] | None = None):
+                 reports: list[dict] | None = None, probed=None):
         self.options = o = options or parse()
         self._executor = executor
         self._mpi = mpi_comm  # kept alive for the executor; also the reference for -check
@@ -76,10 +77,11 @@ class Communicator:
         if o.mode is not None:
             o.mode.check_size(size)
         try:
-            choice = choose_tree(o, rank, size, hierarchy, topology, reports)
+            choice = choose_tree(o, rank, size, hierarchy, topology, reports, probed)
         except DDLError as e:  # the same error type, always naming the rank
             raise type(e)(str(e) if str(e).startswith("rank ") else f"rank {rank}: {e}") from None
         self.tree, self.levels, self.topology, self._forced = choice.tree, choice.levels, choice.topology, choice.forced
+        self.tree_source = choice.source
         self.hierarchy = self.tree if hierarchical.depth(self.tree) >= 2 else None
         self._algos = tuple(o.algo.split(","))
         self._small = min(o.small_bytes, CAPACITY)
@@ -103,10 +105,12 @@ class Communicator:
         At creation the ranks exchange what they see of their machine (ddl.topology.discover); large
         allreduces then follow the topology found, or the one given (ddl.planner.sources)."""
         dup = comm.Dup()
+        options = options or parse()
         reports, where = discover.exchange(dup)
+        probed = switch_levels(dup, reports, options, hierarchy, topology)
         executor = _native.Executor.mpi(dup) if dup.size > 1 else None
-        return cls(executor, dup.rank, dup.size, options or parse(), mpi_comm=dup, local=where,
-                   hierarchy=hierarchy, topology=topology, reports=reports)
+        return cls(executor, dup.rank, dup.size, options, mpi_comm=dup, local=where,
+                   hierarchy=hierarchy, topology=topology, reports=reports, probed=probed)
 
     @classmethod
     def loopback(cls, hub, rank: int, options: Options | None = None,

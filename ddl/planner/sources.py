@@ -1,7 +1,16 @@
 """Which tree a communicator's large allreduces follow, and what its levels cost, from the first source that
-applies: a plan file (-plan, DDL_PLAN); a tree given to init; a topology (init argument, -topology,
-DDL_TOPOLOGY) checked against the hosts MPI sees; what discovery found, unless IBM's -mode dims group the
-ranks otherwise than their hosts do; the -mode dims; else one flat level. Pure: the hosts come in as reports.
+applies (the precedence, highest first):
+
+1. a plan file (-plan, DDL_PLAN): tree, algorithms and blocks;
+2. a hierarchy given to init;
+3. a topology file (init argument, -topology, DDL_TOPOLOGY), checked against the hosts MPI sees;
+4. tiers: the launcher's racks and aisles (ddlrun --nodes/--racks/--aisles, DDL_NODES/RACKS/AISLES) over
+   discovery, or IBM's -mode dims where they group ranks otherwise than their hosts do;
+5. the probe's switch levels, cached or freshly measured (ddl.topology.probe), with measured link costs;
+6. the scheduler's topology (Slurm's ``scontrol show topology``, ddl.topology.scheduler);
+7. the hosts alone: discovery's nodes, sockets and GPUs under one switch.
+
+Pure: the hosts come in as reports, the probe's or scheduler's switch tree as ``probed``.
 """
 from __future__ import annotations
 
@@ -27,7 +36,7 @@ class TreeChoice:
 
 
 def choose_tree(options, rank: int, size: int, hierarchy=None, topology=None,
-                reports: list[dict] | None = None) -> TreeChoice:
+                reports: list[dict] | None = None, probed=None) -> TreeChoice:
     """Raises DDLError (naming ``rank``) when the source contradicts the communicator."""
     network = setting("DDL_NETWORK")
     hosts = [r["host"] for r in reports] if reports else None
@@ -57,14 +66,14 @@ def choose_tree(options, rank: int, size: int, hierarchy=None, topology=None,
         # several hosts, or one host's ranks on several sockets. Dims that group ranks by host as MPI
         # placed them (ddlrun's) say nothing discovery does not: its sockets, GPUs and switches are kept.
         if not dims or dims_follow_hosts(dims, hosts):
-            found = discover.build(reports)
+            found = discover.build(reports, probed=probed)
     if found is None and dims:
         tree = checked(hierarchical.from_dims(dims), "-mode")
         return TreeChoice(tree, default_levels(tree, ("gpu", "node", "rack", "aisle"), network), source="mode")
     if found is not None:
         tree, levels = found.hierarchy(found.place(hosts, size))
         return TreeChoice(checked(tree, f"topology {found.name!r}"), tuple(levels) or default_levels([0]), found,
-                          source="topology")
+                          source="probe" if found.name == "probed" else "topology")
     tree = list(range(size))
     return TreeChoice(tree, default_levels(tree))
 

@@ -14,7 +14,8 @@ class LevelCost:
     across the level; ``gamma``: seconds per byte reduced by a rank; ``via``: "peer" when the children have
     links to each other (NVLink, X-Bus), "uplink" when they talk through their links into the container
     (a node's NICs): outer levels' traffic then crosses those links too; ``outside``: bytes/s of every link
-    out of a child (peer links plus its uplink), what the lower bound may count on."""
+    out of a child (peer links plus its uplink), what the lower bound may count on; ``measured``: the figures
+    come from the probe rather than the nominal link table."""
 
     name: str
     link: str
@@ -23,10 +24,11 @@ class LevelCost:
     gamma: float
     via: str = "uplink"
     outside: float = 0.0  # 0: the same as bandwidth
+    measured: bool = False  # alpha and bandwidth come from the probe (else from the nominal link table)
 
     def to_dict(self) -> dict:
         return dict(name=self.name, link=self.link, alpha=self.alpha, bandwidth=self.bandwidth, gamma=self.gamma,
-                    via=self.via, outside=self.outside)
+                    via=self.via, outside=self.outside, measured=self.measured)
 
     @property
     def escape(self) -> float:

@@ -142,18 +142,26 @@ def _text(x) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
-def build(reports: list[dict], environ=os.environ) -> Topology:
-    """The topology every rank derives from all ranks' reports (rank order), placement included."""
+def build(reports: list[dict], environ=os.environ, probed=None) -> Topology:
+    """The topology every rank derives from all ranks' reports (rank order), placement included. Switch levels:
+    the launcher's tiers where given, else ``probed`` (a ddl.topology.probe ProbeResult, measured links), else
+    one switch over all hosts."""
     hosts: dict[str, list[int]] = {}
     for r, rep in enumerate(reports):
         hosts.setdefault(rep["host"], []).append(r)
     network = config.get("DDL_NETWORK", environ)
     links.kind(network)  # a clear error for an unknown link kind
     t = Topology("discovered")
-    parents = _switches(t, list(hosts), network, environ)
+    tiers = [_count(environ, v) for v in ("DDL_NODES", "DDL_RACKS", "DDL_AISLES")]
+    if probed is not None and not any(tiers) and len(hosts) > 1:
+        t.name = "probed"
+        uplinks = _probed_switches(t, probed, network)
+    else:
+        uplinks = {h: (p, {"kind": network}) for h, p in _switches(t, list(hosts), network, environ).items()}
     placement: list[str | None] = [None] * len(reports)
     for h, ranks in hosts.items():
-        node = t.add(h, "node", parents.get(h), {"kind": network} if parents.get(h) else None, host=h)
+        parent, up = uplinks.get(h, (None, None))
+        node = t.add(h, "node", parent, up, host=h)
         gpus = reports[ranks[0]]["gpus"]
         if gpus and len(ranks) <= len(gpus):
             ids = _gpu_node(t, h, node, gpus)
@@ -233,6 +241,33 @@ def _switches(t: Topology, hosts: list[str], network: str, environ) -> dict[str,
     rack = [t.add(f"rack{i}", "switch", aisle[i // racks] if aisle else top, {"kind": network, "links": nodes},
                   level="rack") for i in range(nracks)]
     return {h: rack[i // nodes] if rack else top for i, h in enumerate(hosts)}
+
+
+def _probed_switches(t: Topology, probed, network: str) -> dict[str, tuple[str, dict]]:
+    """The probe's switch tree, its links priced as measured: a child's uplink carries the bandwidth its level
+    measured, and half the one-way time measured between siblings of that level (up and down again), less the
+    per-message software cost the planner adds itself. The planner prices a level by its own links: what lies
+    below was paid at lower levels."""
+    levels = probed.levels
+    hop = [max(0.0, lv.latency - links.SOFTWARE_OVERHEAD) / 2 for lv in levels]
+    measured = probed.source == "probe"
+    link = lambda k: {"kind": network, "bandwidth": levels[k].bandwidth / 1e9, "latency": hop[k] * 1e6,
+                      "measured": measured}
+    out: dict[str, tuple[str, dict]] = {}
+    counter = [0] * len(levels)
+
+    def add(tree, depth: int, parent: str | None) -> None:  # depth: levels below this group
+        k = depth - 1
+        name = f"{levels[k].name}{counter[k]}"
+        counter[k] += 1
+        t.add(name, "switch", parent, link(depth) if parent is not None else None, level=levels[k].name)
+        for child in tree:
+            if isinstance(child, str):
+                out[child] = (name, link(0))
+            else:
+                add(child, depth - 1, name)
+    add(probed.tree, len(levels), None)
+    return out
 
 
 def _count(environ, name: str) -> int | None:

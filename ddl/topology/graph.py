@@ -55,7 +55,7 @@ class Topology:
         return vid
 
     def link(self, a: str, b: str, kind: str, links_: int | None = None, bandwidth: float | None = None,
-             latency: float | None = None, uplink: bool = False, **extra) -> None:
+             latency: float | None = None, uplink: bool = False, measured: bool = False, **extra) -> None:
         count = int(extra.pop("links", links_ or 1))
         if extra:
             raise TopologyError(f"link {a}-{b}: unknown fields {sorted(extra)}")
@@ -70,7 +70,8 @@ class Topology:
         lat = float(latency) if latency is not None else k.latency
         if bw <= 0 or lat < 0 or count < 1:
             raise TopologyError(f"link {a}-{b}: bandwidth must be > 0, latency >= 0, links >= 1")
-        self.graph.add_edge(a, b, kind=kind, links=count, bandwidth=bw, latency=lat, uplink=uplink)
+        self.graph.add_edge(a, b, kind=kind, links=count, bandwidth=bw, latency=lat, uplink=uplink,
+                            **({"measured": True} if measured else {}))
         if not uplink:
             self._peer_edges.append((a, b))
         self._version += 1
@@ -301,4 +302,4 @@ class Topology:
 
 
 def _edge_fields(e: dict) -> dict:
-    return {k: e[k] for k in ("kind", "links", "bandwidth", "latency") if k in e}
+    return {k: e[k] for k in ("kind", "links", "bandwidth", "latency", "measured") if k in e}

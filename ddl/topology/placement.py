@@ -109,7 +109,8 @@ def hierarchy(t: Topology, placement: list[str]) -> tuple[list, list[LevelCost]]
         worst = min(costs, key=lambda c: (c.bandwidth, -c.alpha))
         name = Counter(c.name for c in costs).most_common(1)[0][0]
         levels.append(LevelCost(name, worst.link, max(c.alpha for c in costs), worst.bandwidth,
-                                max(c.gamma for c in costs), worst.via, min(c.escape for c in costs)))
+                                max(c.gamma for c in costs), worst.via, min(c.escape for c in costs),
+                                all(c.measured for c in costs)))
     return normalize(_strip(labeled)), levels
 
 
@@ -136,13 +137,15 @@ def group_cost(t: Topology, group: tuple, placement: list[str]) -> LevelCost:
         e = adj[v][x]
         outside = e["bandwidth"] + leaving.get(v, 0.0)
         if across is not None:  # links straight to the siblings
-            cost = (across[0], across[1]["kind"], across[1]["latency"], "peer", outside)
+            cost = (across[0], across[1]["kind"], across[1]["latency"], "peer", outside,
+                    across[1].get("measured", False))
         else:  # out through the edge into x (what lies below it was paid at lower levels) and back down
-            cost = (e["bandwidth"], e["kind"], 2 * (lat + e["latency"]), "uplink", outside)
+            cost = (e["bandwidth"], e["kind"], 2 * (lat + e["latency"]), "uplink", outside, e.get("measured", False))
         if worst is None or cost[0] < worst[0]:
             worst = cost
-    bw, kind, lat, via, outside = worst
-    return LevelCost(name, kind, lat * 1e-6 + links.SOFTWARE_OVERHEAD, bw * 1e9, gamma, via, outside * 1e9)
+    bw, kind, lat, via, outside, measured = worst
+    return LevelCost(name, kind, lat * 1e-6 + links.SOFTWARE_OVERHEAD, bw * 1e9, gamma, via, outside * 1e9,
+                     measured)
 
 
 def _simplify(node):

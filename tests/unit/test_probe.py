@@ -1,0 +1,156 @@
+"""The probe's decisions without MPI: rounds, grouping on a simulated network (max-min fair flows, noise),
+its cost against all-pairs, the cache and its faults, and the topology built from a result."""
+import json
+
+import pytest
+
+from ddl.errors import DDLError
+from ddl.topology import discover
+from ddl.topology.probe import cache, cost, patterns, round_flows
+from ddl.topology.probe.grouping import Flow, group
+from ddl.topology.probe.result import Level, ProbeError, ProbeResult
+from ddl.topology.probe.schedule import unit_pairs
+from ddl.topology.probe.survey import survey
+from fakes.flows import Network
+
+G = 125e6  # 1 Gbit/s in bytes/s
+
+
+def hosts_of(tree):
+    return [tree] if isinstance(tree, str) else [h for t in tree for h in hosts_of(t)]
+
+
+def names(n, prefix="node"):
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+SHAPES = {  # name: (tree, NIC, uplinks per level above the leaves)
+    "two racks, slower uplink": ([names(2), ["node2", "node3"]], G, [G / 2]),
+    "two racks, 2:1 oversubscribed": ([names(2), ["node2", "node3"]], G, [G]),
+    "flat switch": (names(8), G, []),
+    "three tiers": ([[["n0", "n1"], ["n2", "n3"]], [["n4", "n5"], ["n6", "n7"]]], 50e6, [50e6, 12.5e6]),
+    "three tiers, oversubscribed only": ([[["n0", "n1"], ["n2", "n3"]], [["n4", "n5"], ["n6", "n7"]]], 50e6,
+                                         [50e6, 50e6]),
+    "unequal racks": ([["a0", "a1", "a2"], ["a3", "a4"], ["a5"]], G, [G / 2]),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("seed", range(5))
+def test_found_tree_is_the_networks_under_noise(shape, seed):
+    tree, nic, uplinks = SHAPES[shape]
+    net = Network.tree(tree, nic, uplinks, noise=0.2, seed=seed)
+    hosts = hosts_of(tree)
+    result = survey(hosts, net.measure(hosts))
+    assert result.tree == tree
+    assert len(result.levels) == (1 if shape == "flat switch" else len(uplinks) + 1)
+    assert result.levels[0].bandwidth == pytest.approx(nic, rel=0.25)
+
+
+def test_levels_carry_the_measured_uplinks():
+    tree, nic, uplinks = SHAPES["three tiers"]
+    net = Network.tree(tree, nic, uplinks)
+    result = survey(hosts_of(tree), net.measure(hosts_of(tree)))
+    # a rack sends at most its uplink's rate out; an aisle at most its own
+    assert [round(lv.bandwidth / 1e6, 1) for lv in result.levels] == [50.0, 50.0, 12.5]
+
+
+def test_every_pair_is_measured_once_per_pattern_set_with_few_hosts():
+    for n in (2, 3, 4, 5, 8, 9, 16):
+        seen = {p for pat in patterns(n) for p in unit_pairs(n, pat)}
+        assert len(seen) == n * (n - 1) // 2, n
+
+
+def test_each_host_is_in_one_flow_per_direction_of_a_round():
+    units = [[i] for i in range(40)]
+    for pat in patterns(40, 16):
+        flows = round_flows(units, pat, 16)
+        assert len({s for s, _ in flows}) == len(flows) == len({d for _, d in flows})
+
+
+@pytest.mark.parametrize("hosts, rack", [(64, 4), (1024, 16)])
+def test_large_clusters_are_found_with_far_fewer_flows_than_all_pairs(hosts, rack):
+    aisles = 4
+    per_aisle = hosts // aisles // rack
+    tree = [[[f"h{(a * per_aisle + r) * rack + i}" for i in range(rack)] for r in range(per_aisle)]
+            for a in range(aisles)]
+    # racks 4:1 oversubscribed; an aisle's uplink carries two racks' worth: a window of racks crossing it shows
+    # that (a probe loads an uplink with at most half a window of units at once)
+    net = Network.tree(tree, G, [G * rack / 4, G * rack / 2], noise=0.1, seed=3)
+    result = survey(hosts_of(tree), net.measure(hosts_of(tree)))
+    assert result.tree == tree
+    assert hosts < 1000 or result.flows < hosts * (hosts - 1) / 4
+
+
+def test_cost_grows_below_all_pairs():
+    rows = [cost(h, 16, 16) for h in (64, 1024, 4608)]
+    assert [r["stages"] for r in rows] == [2, 3, 4]
+    assert all(r["flows"] < r["all_pairs"] for r in rows[1:])
+    assert rows[2]["flows"] / rows[2]["all_pairs"] < 0.05
+
+
+def test_flows_of_one_pattern_keep_their_best_repeat_and_the_pair_its_worst_pattern():
+    units = [[0], [1], [2]]
+    flows = [Flow(0, 0, 1, 50.0, pattern=0), Flow(1, 0, 1, 100.0, pattern=0),  # noise: the best repeat counts
+             Flow(2, 1, 0, 30.0, pattern=1),                                   # heavier load: the pair's rate
+             Flow(3, 1, 2, 100.0, pattern=2), Flow(4, 0, 2, 100.0, pattern=3)]
+    g = group(units, flows)
+    assert g.rates[(0, 1)] == 30.0 and g.groups == [[0], [1, 2]]
+
+
+def result(hosts=("a", "b", "c", "d")):
+    return ProbeResult(list(hosts), [list(hosts[:2]), list(hosts[2:])],
+                       [Level("leaf", 1e8, 3e-5, 2), Level("spine", 5e7, 6e-5, 1)])
+
+
+def test_cache_keeps_a_result_per_host_set(tmp_path):
+    r = result()
+    cache.save(str(tmp_path), r)
+    got, why = cache.load(str(tmp_path), ["d", "c", "b", "a"])
+    assert why is None and got.tree == r.tree and got.levels == r.levels
+    assert cache.load(str(tmp_path), ["a", "b", "c"]) == (None, None)  # other hosts: another file
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda d: "{not json", "unreadable"),
+    (lambda d: json.dumps({**d, "hosts": ["a", "b", "c", "x"], "tree": [["a", "b"], ["c", "x"]]}), "other hosts"),
+    (lambda d: json.dumps({**d, "levels": [{"bandwidth": -1, "latency": 0, "groups": 1}] * 2}),
+     "levels[0].bandwidth"),
+    (lambda d: json.dumps({**d, "tree": [["a", "b"], ["c"]]}), "every host once"),
+    (lambda d: json.dumps({**d, "tree": ["a", "b", "c", "d"]}), "depth"),
+    (lambda d: json.dumps({**d, "format": "other"}), "not a ddl-probe/1"),
+])
+def test_a_corrupt_or_foreign_cache_file_is_named_and_ignored(tmp_path, damage, words):
+    r = result()
+    path = cache.save(str(tmp_path), r)
+    path.write_text(damage(r.to_dict()))
+    got, why = cache.load(str(tmp_path), r.hosts)
+    assert got is None and words in why and str(path) in why and "measuring again" in why
+
+
+def test_topology_from_a_probe_has_its_levels_and_measured_costs():
+    reports = [{"host": h, "numa": None, "gpus": None} for h in ("a", "a", "b", "b", "c", "c", "d", "d")]
+    t = discover.build(reports, environ={}, probed=result())
+    tree, levels = t.hierarchy(t.placement)
+    assert tree == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    assert [lv.measured for lv in levels] == [False, True, True]  # shared memory is nominal
+    assert levels[1].bandwidth == pytest.approx(1e8) and levels[2].bandwidth == pytest.approx(5e7)
+    assert 5e-5 < levels[2].alpha < 7e-5  # the spine's one-way latency, as measured
+    again = type(t).from_dict(json.loads(t.to_json()))  # the dump keeps what was measured
+    assert [lv.measured for lv in again.hierarchy(again.placement)[1]] == [False, True, True]
+
+
+def test_tiers_given_win_over_the_probe():
+    reports = [{"host": h, "numa": None, "gpus": None} for h in "abcd"]
+    t = discover.build(reports, environ={"DDL_NODES": "1"}, probed=result())
+    assert t.name == "discovered" and all(not lv.measured for lv in t.hierarchy(t.placement)[1])
+
+
+def test_probe_settings_are_checked():
+    from ddl.options import parse
+
+    assert parse("-probe force").probe == "force" and parse(environ={"DDL_PROBE": "0"}).probe == "0"
+    with pytest.raises(DDLError, match="expected one of auto, 0, 1, force"):
+        parse("-probe sometimes")
+    with pytest.raises(ProbeError):
+        raise ProbeError("x")
