@@ -49,6 +49,14 @@ def rank_groups(tree, hosts_of_rank):
     return kids
 
 
+def canonical(tree):
+    """A group of one is its member (a switch over one node adds no level)."""
+    if isinstance(tree, str):
+        return tree
+    kids = [canonical(t) for t in tree]
+    return kids[0] if len(kids) == 1 else kids
+
+
 @pytest.mark.parametrize("spec", [
     "2x2x1:nic=200mbit:uplink=100mbit",                      # two racks behind a slower uplink
     "2x2x2x1:nic=100mbit:uplink=100mbit:aisle=25mbit",       # three tiers: aisles of racks, 8 nodes
@@ -58,7 +66,7 @@ def rank_groups(tree, hosts_of_rank):
 def test_probe_finds_the_clusters_switch_levels(spec, tmp_path):
     report, log = found_by_probe(spec, tmp_path)
     want = host_groups(emulate.topology(spec))
-    assert rank_groups(report["tree"], report["hosts"]) == want, log
+    assert canonical(rank_groups(report["tree"], report["hosts"])) == canonical(want), log
     assert "probe measured" in log
 
 
