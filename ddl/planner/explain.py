@@ -52,12 +52,13 @@ class Explanation:
                  f"{label(p)}; {blocks} block(s) of {format_size(min(p.block_bytes, self.nbytes))}, "
                  f"{p.inflight} in flight",
                  f"{'level':<6}{'name':<10}{'groups':>8}  {'sizes':<10}{'link':<10}{'via':<8}{'alpha':>9}"
-                 f"{'GB/s':>9}  {'algorithm':<20}{'sent per child':>15}"]
+                 f"{'GB/s':>9}  {'costs':<9}{'algorithm':<20}{'sent per child':>15}"]
         for i, lv in enumerate(p.levels):
             sizes = ",".join(map(str, shape.sizes[i][:4])) + ("..." if len(shape.sizes[i]) > 4 else "")
             algo = p.algorithms[i] if p.shape == "hierarchical" else "(recursive doubling)"
             lines.append(f"{i:<6}{lv.name[:9]:<10}{shape.groups[i]:>8}  {sizes:<10}{lv.link:<10}{lv.via:<8}"
-                         f"{lv.alpha * 1e6:>7.1f}us{lv.bandwidth / 1e9:>9.1f}  {algo:<20}"
+                         f"{lv.alpha * 1e6:>7.1f}us{lv.bandwidth / 1e9:>9.3f}  "
+                         f"{'measured' if lv.measured else 'nominal':<9}{algo:<20}"
                          f"{format_size(self.link_bytes[i]):>15}")
         lines.append("phases, in order (whole buffer, unpipelined):")
         for ph in self.phases:

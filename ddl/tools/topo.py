@@ -6,6 +6,7 @@ as JSON, draw it, and explain the plan an allreduce of a given size would follow
     ddl-topo dgx-h100 --plan 1G --dump-plan plan.json   then DDL_PLAN=plan.json forces it
     ddl-topo --list                      the machine library
     ddl-topo T2 --plan 16M               an emulated cluster's spec (ddl.cluster.spec) works too
+    ddlrun -H a,b,c ddl-topo --probe --dump cluster.json   measure this job's hosts (ddl.topology.probe)
 """
 from __future__ import annotations
 
@@ -38,7 +39,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-plan", metavar="FILE", help="write the (last) plan as JSON, for DDL_PLAN")
     p.add_argument("--png", metavar="FILE", help="draw the topology (needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="do not print the tree")
+    p.add_argument("--probe", action="store_true", help="under MPI (ddlrun/mpirun): measure the job's hosts "
+                   "and show (or --dump) the topology found, measured links marked")
     return p
+
+
+def probed() -> topology.Topology | None:
+    """Every rank measures with the others (always afresh); rank 0 gets the topology, the others None."""
+    from mpi4py import MPI
+
+    from ..options import parse
+    from ..topology.probe import session
+
+    comm = MPI.COMM_WORLD
+    reports, _ = discover.exchange(comm)
+    outcome = session.survey_hosts(comm, [r["host"] for r in reports], parse("-probe force"))
+    if outcome.result is None:
+        raise DDLError(f"rank {comm.rank}: {outcome.how}")
+    t = discover.build(reports, probed=outcome.result)
+    if comm.rank == 0:
+        print(f"probe: {len(outcome.result.hosts)} hosts, {outcome.seconds:.2f} s, {outcome.result.rounds} rounds",
+              file=sys.stderr)
+    return t if comm.rank == 0 else None
 
 
 def load(source: str | None) -> topology.Topology:
@@ -65,8 +87,16 @@ def main(argv: list[str] | None = None) -> int:
             t = topology.load(name)
             print(f"{name:<20}{len(_placement(t, None)):>7} ranks  {t.graph.number_of_nodes():>6} vertices")
         return 0
-    t = load(args.source)
-    placement = _placement(t, args.ranks)
+    if args.probe:
+        if args.source:
+            raise DDLError("--probe measures the job's own hosts: give no source")
+        t = probed()
+        if t is None:
+            return 0
+        placement = t.placement
+    else:
+        t = load(args.source)
+        placement = _placement(t, args.ranks)
     if not args.quiet:
         print(t.tree_text())
     if args.dump:
