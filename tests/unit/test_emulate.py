@@ -53,7 +53,7 @@ def test_rates_read_as_tc_writes_them(text, bps):
 
 
 @pytest.mark.parametrize("spec,message", [
-    ("2x2x2x2", "the shape is"), ("0x2", "every rack needs"), ("2,0", "every rack needs"),
+    ("2x2x2x2x2", "the shape is"), ("0x2", "every rack needs"), ("2,0", "every rack needs"),
     ("4x2:nic=fast", "bad rate"), ("4x2:speed=1gbit", "bad option"), ("4x2:order=random", "order is"),
     ("4x2:nic=10kbit", "too slow"), ("65x1", "more than 64"), ("no-such-machine", "no topology file"),
     ("emulated-racks:nic=1gbit", "options"),
@@ -132,3 +132,11 @@ def test_without_root_every_entry_point_says_why(monkeypatch, capsys):
 
     assert cluster_cli.main(["up", "2x1"]) == 2
     assert "needs root" in capsys.readouterr().err
+
+
+def test_aisles_of_racks():
+    t = emulate.topology("2x2x2x1:nic=100mbit:uplink=100mbit:aisle=25mbit")
+    assert [t.parent(f"rack{r}") for r in range(4)] == ["aisle0", "aisle0", "aisle1", "aisle1"]
+    assert t.graph.edges["aisle0", "spine"]["bandwidth"] == pytest.approx(25e6 / 8e9)
+    assert t.graph.edges["rack0", "aisle0"]["bandwidth"] == pytest.approx(100e6 / 8e9)
+    assert len(t.placement) == 8
