@@ -2,8 +2,8 @@
 
 Noise on a shared machine only slows a flow, so each flow keeps its best repeat. Between two units, each round
 pattern and direction that joined them gives the sum of its member flows (what the two groups exchange, whatever
-their sizes), and the pair's rate is the lowest of those: the pair under the heaviest load it was measured in (a rack uplink shows its oversubscription only in the rounds
-where several of the rack's hosts cross it at once). ``top`` is the median over units of each unit's best rate:
+their sizes), and the pair's rate is the lowest of those: the pair under the heaviest load it was measured in
+(a rack uplink shows its oversubscription only in the rounds where several of the rack's hosts cross it at once). ``top`` is the median over units of each unit's best rate:
 the full bandwidth under load. Groups join by complete linkage while the slowest rate between them stays
 within ``margin`` of ``top``: a slower or shared path between racks cuts there, noise within the margin does not,
 and a flat switch (every rate alike) comes out as one group. Units never measured against each other never
@@ -27,19 +27,17 @@ class Flow:
     dst: int
     rate: float
     latency: float = 0.0
-    pattern: int = 0                 # the round's pattern (its shift): repeats of one pattern share it
+    pattern: int = 0                 # the round's pattern: its repeats and both directions share it
 
 
 @dataclass
 class Grouping:
     groups: list[list[int]]          # unit indices per group, in unit order
     top: float                       # bytes/s: the full rate under load
-    threshold: float                 # bytes/s: the slowest mean rate that still joined
-    rates: dict = field(default_factory=dict)      # (unit a, unit b), a < b -> median rate
+    threshold: float                 # bytes/s: the slowest rate between two units of one group (top / margin)
+    rates: dict = field(default_factory=dict)      # (unit a, unit b), a < b -> rate under the heaviest load
     capacity: list[float] = field(default_factory=list)  # per unit: most bytes/s it sent in one round
     latency: float = 0.0             # seconds one way between units of one group (median)
-    inner: float = 0.0               # bytes/s between units of one group (median)
-    outer: float = 0.0               # bytes/s between units of different groups (median; 0 if none)
 
 
 def group(units: list[list[int]], flows: list[Flow], margin: float = MARGIN) -> Grouping:
@@ -74,11 +72,8 @@ def group(units: list[list[int]], flows: list[Flow], margin: float = MARGIN) -> 
     for (u, _), r in sent.items():
         capacity[u] = max(capacity[u], r)
     member = {u: i for i, g in enumerate(groups) for u in g}
-    inner = [r for (a, b), r in rates.items() if member[a] == member[b]]
-    outer = [r for (a, b), r in rates.items() if member[a] != member[b]]
     lats = [statistics.median(v) for (a, b), v in lat_pair.items() if member[a] == member[b]]
-    return Grouping(groups, top, threshold, rates, capacity, statistics.median(lats) if lats else 0.0,
-                    statistics.median(inner) if inner else top, statistics.median(outer) if outer else 0.0)
+    return Grouping(groups, top, threshold, rates, capacity, statistics.median(lats) if lats else 0.0)
 
 
 def _complete_linkage(n: int, rates: dict, threshold: float) -> list[list[int]]:
