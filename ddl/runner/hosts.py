@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DDLError
+from ..topology.scheduler import expand_hostlist
 
 # RFC 1123 host names and IPv4 addresses; no leading '-' (it would read as an option to ssh).
 _NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,253}[A-Za-z0-9])?")
@@ -130,48 +131,13 @@ def merge(hosts: list[Host]) -> list[Host]:
 
 def expand_nodelist(text: str) -> list[str]:
     """Slurm's compressed node list: ``gpu[01-03,07],login1,r[1-2]n[1-2]`` -> every name, in order."""
-    names: list[str] = []
-    for item in _split_outside_brackets(text):
-        names.extend(_expand_one(item, text))
+    try:
+        if not text:
+            raise ValueError("empty entry")
+        names = expand_hostlist(text)
+    except ValueError as e:
+        raise HostError(f"SLURM_JOB_NODELIST {text!r}: {e}") from None
     return [check_name(n, "SLURM_JOB_NODELIST") for n in names]
-
-
-def _split_outside_brackets(text: str) -> list[str]:
-    items, depth, current = [], 0, ""
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise HostError(f"SLURM_JOB_NODELIST {text!r}: unbalanced ']'")
-        if ch == "," and depth == 0:
-            items.append(current)
-            current = ""
-        else:
-            current += ch
-    if depth:
-        raise HostError(f"SLURM_JOB_NODELIST {text!r}: unbalanced '['")
-    items.append(current)
-    if any(not i for i in items):
-        raise HostError(f"SLURM_JOB_NODELIST {text!r}: empty entry")
-    return items
-
-
-def _expand_one(item: str, whole: str) -> list[str]:
-    m = re.match(r"([^\[]*)\[([^\]]*)\](.*)", item)
-    if not m:
-        return [item]
-    prefix, ranges, rest = m.groups()
-    out = []
-    for r in ranges.split(","):
-        lo, _, hi = r.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
-            raise HostError(f"SLURM_JOB_NODELIST {whole!r}: bad range {r!r}")
-        width = len(lo)  # zero padding is kept: [08-10] -> 08, 09, 10
-        for i in range(int(lo), int(hi or lo) + 1):
-            out.extend(prefix + str(i).zfill(width) + tail for tail in _expand_one(rest, whole))
-    return out
 
 
 def slurm_tasks_per_node(text: str, nodes: int) -> list[int]:

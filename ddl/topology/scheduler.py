@@ -27,48 +27,45 @@ class SchedulerError(TopologyError):
 
 
 def expand_hostlist(text: str) -> list[str]:
-    """Slurm's host lists: ``tux[0-3,7],gpu[01-02]-ib`` -> tux0 .. tux3, tux7, gpu01-ib, gpu02-ib."""
-    out = []
-    for item in _split_top(text):
-        out += _expand_one(item)
-    return out
-
-
-def _split_top(text: str) -> list[str]:
-    items, depth, cur = [], 0, ""
+    """Slurm's compressed host lists: ``gpu[01-03,07],login1,r[1-2]n[1-2]`` -> every name, in order (zero
+    padding kept: ``[08-10]`` -> 08, 09, 10; an empty text names no host). Raises ValueError saying what is
+    wrong; ddl.runner.hosts reads SLURM_JOB_NODELIST with it too."""
+    if not text:
+        return []
+    items, depth, current = [], 0, ""
     for ch in text:
         if ch == "[":
             depth += 1
         elif ch == "]":
             depth -= 1
             if depth < 0:
-                raise ValueError(f"unbalanced ']' in host list {text!r}")
+                raise ValueError("unbalanced ']'")
         if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
+            items.append(current)
+            current = ""
         else:
-            cur += ch
+            current += ch
     if depth:
-        raise ValueError(f"unbalanced '[' in host list {text!r}")
-    return [i for i in items + [cur] if i]
+        raise ValueError("unbalanced '['")
+    items.append(current)
+    if any(not i for i in items):
+        raise ValueError("empty entry")
+    return [name for item in items for name in _expand_one(item)]
 
 
 def _expand_one(item: str) -> list[str]:
-    m = re.match(r"([^\[]*)\[([^\]]*)\](.*)$", item)
+    m = re.match(r"([^\[]*)\[([^\]]*)\](.*)", item)
     if not m:
         return [item]
-    head, ranges, tail = m.groups()
+    prefix, ranges, rest = m.groups()
     out = []
-    for part in ranges.split(","):
-        lo, dash, hi = part.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
-            raise ValueError(f"bad range {part!r} in host list {item!r}")
+    for r in ranges.split(","):
+        lo, _, hi = r.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+            raise ValueError(f"bad range {r!r}")
         width = len(lo)
-        for n in range(int(lo), int(hi if dash else lo) + 1):
-            out += [f"{head}{n:0{width}d}{rest}" for rest in _expand_one(tail)] if "[" in tail else \
-                [f"{head}{n:0{width}d}{tail}"]
-        if dash and int(hi) < int(lo):
-            raise ValueError(f"range {part!r} runs backwards in host list {item!r}")
+        for i in range(int(lo), int(hi or lo) + 1):
+            out.extend(prefix + str(i).zfill(width) + tail for tail in _expand_one(rest))
     return out
 
 
