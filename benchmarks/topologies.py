@@ -11,6 +11,13 @@ runs every MPI setting in turn (the order rotates), each job runs every size wit
 every result is verified; a size's time is the median over rounds. Writes benchmarks/results/<T>.md
 (nccl-tests columns, the topology's lower bound and efficiency = bound / time), <T>.png (busbw against size)
 and <T>.json, and checks issue 4's targets.
+
+    python benchmarks/topologies.py --no-flags --topologies T2,T5 --repeats 2   # issue 15: nobody tells ddl
+
+With ``--no-flags`` the jobs start as on a cluster nobody describes: no DDL_TOPOLOGY, no tiers, so ddl finds the
+switch levels with its probe (the first job measures, later ones read the probe cache in the cluster's folder);
+results go to <T>-noflags.md/.png/.json. Every report has a table of ddl's predicted time (its cost model, with
+the level costs it planned with: probed under --no-flags) beside the measured median, and the error.
 """
 from __future__ import annotations
 
@@ -38,10 +45,13 @@ LABELS = {
 }
 PEERS = ("ompi-han", "ompi-tuned", "mpich", "gloo")
 ALL_SIZES = "1K,2K,4K,8K,16K,32K,64K,128K,256K,512K,1M,2M,4M,8M,16M,32M,64M"
+PREDICTION_TARGET = 0.15  # issue 15: median |error| over sizes >= 1 MiB
 
 
-def jobs(openmpi: Path, mpich: Path | None, gloo: bool) -> list[dict]:
+def jobs(openmpi: Path, mpich: Path | None, gloo: bool, ddl_only: bool = False) -> list[dict]:
     """The MPI settings, each one job per round: (label, python, algorithms, renames, environment)."""
+    if ddl_only:
+        return [{"name": "openmpi", "python": openmpi, "algos": "ddl", "rename": {}, "env": {}}]
     out = [{"name": "openmpi", "python": openmpi, "algos": "ddl,ddl-ring,mpi" + (",gloo" if gloo else ""),
             "rename": {"mpi": "ompi-han"}, "env": {}},
            {"name": "openmpi-tuned", "python": openmpi, "algos": "mpi", "rename": {"mpi": "ompi-tuned"},
@@ -79,12 +89,14 @@ class Progress:
 
 
 def run_topology(name: str, t, sizes: list[int], rounds: int, settings: list[dict], progress: Progress,
-                 iters: int, min_seconds: float) -> dict:
+                 iters: int, min_seconds: float, repeats: int = 1, no_flags: bool = False) -> dict:
     from ddl.cluster import Cluster
 
     samples: dict[str, dict[int, list[float]]] = {}
-    versions = {}
+    versions, model = {}, None
     with Cluster(t) as cluster:
+        # --no-flags: ddl is told nothing; its probe's cache lives in the cluster's folder (one measurement)
+        env = {"DDL_PROBE_CACHE": str(cluster.workdir / "probe-cache")} if no_flags else {}
         for r in range(rounds):
             order = settings[r % len(settings):] + settings[:r % len(settings)]  # rotate: no setting always first
             for job in order:
@@ -92,10 +104,11 @@ def run_topology(name: str, t, sizes: list[int], rounds: int, settings: list[dic
                 out = cluster.workdir / f"{job['name']}-{r}.json"
                 argv = [str(job["python"]), str(JOB), "--algos", job["algos"], "--out", str(out),
                         "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters),
-                        "--min-seconds", str(min_seconds)]
+                        "--min-seconds", str(min_seconds), "--repeats", str(repeats)]
                 exe = str(Path(job["python"]).parent / "mpiexec")
                 for attempt in (1, 2):
-                    done = cluster.mpirun(argv, mpiexec=exe, env=job["env"], timeout=900, quiet=True, capture=True)
+                    done = cluster.mpirun(argv, mpiexec=exe, env={**env, **job["env"]}, timeout=1800, quiet=True,
+                                          capture=True, tell_topology=not no_flags)
                     if done.returncode == 0 or attempt == 2:
                         break
                     # Seen once in ~40 launches: Open MPI's daemon on another node "failed to report back"
@@ -109,12 +122,15 @@ def run_topology(name: str, t, sizes: list[int], rounds: int, settings: list[dic
                                        f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
                 res = json.loads(out.read_text())
                 versions[job["name"]] = res["mpi"].split(",")[0]
-                for algo, by_size in res["times"].items():
+                if "ddl" in job["algos"].split(",") and model is None:
+                    model = res["model"]
+                for algo, by_size in res["runs"].items():
                     algo = job["rename"].get(algo, algo)
                     for size, us in by_size.items():
-                        samples.setdefault(algo, {}).setdefault(int(size), []).append(us)
+                        samples.setdefault(algo, {}).setdefault(int(size), []).extend(us)
     times = {a: {s: statistics.median(v) for s, v in by_size.items()} for a, by_size in samples.items()}
-    return {"topology": name, "times": times, "samples": samples, "versions": versions}
+    return {"topology": name, "times": times, "samples": samples, "versions": versions, "model": model,
+            "no_flags": no_flags}
 
 
 def busbw(nbytes: int, us: float, n: int) -> float:
@@ -123,10 +139,13 @@ def busbw(nbytes: int, us: float, n: int) -> float:
     return bandwidth(nbytes, us, n)[1]
 
 
-def targets(name: str, times: dict, bound: dict) -> list[tuple[str, bool, str]]:
-    """Issue 4's targets on this topology: (target, met, measured)."""
+def targets(name: str, times: dict, bound: dict, switched: bool = False) -> list[tuple[str, bool, str]]:
+    """Issue 4's targets on this topology (issue 15's with no flags: the same figures): (target, met, measured).
+    ``switched``: the topology has switch levels, where ddl must beat the flat peers clearly (as on T2)."""
     ddl = times["ddl"]
     peers = {a: t for a, t in times.items() if a in PEERS}
+    if not peers:  # --ddl-only: nothing to compare with
+        return []
     best = {s: min((t[s], a) for a, t in peers.items() if s in t) for s in ddl}
     out = []
     big = [s for s in ddl if s >= 16 << 20]
@@ -135,7 +154,7 @@ def targets(name: str, times: dict, bound: dict) -> list[tuple[str, bool, str]]:
         worst = min(eff, key=eff.get)
         out.append((">= 85% of the lower bound, >= 16 MiB", eff[worst] >= 0.85,
                     ", ".join(f"{_size(s)} {eff[s]:.0%}" for s in big)))
-        if name in ("T2", "T4"):
+        if name in ("T2", "T4") or switched:
             sp = {s: best[s][0] / ddl[s] for s in big}
             out.append((">= 1.3x faster than the best peer, >= 16 MiB", min(sp.values()) >= 1.3,
                         ", ".join(f"{_size(s)} {sp[s]:.2f}x vs {best[s][1]}" for s in big)))
@@ -205,26 +224,56 @@ def plot(result: dict, bound: dict, nranks: int, title: str, path: Path) -> None
     plt.close(fig)
 
 
-def report(result: dict, bound: dict, nranks: int, outdir: Path, command: str) -> list:
+def prediction(result: dict) -> tuple[list[str], float | None]:
+    """The markdown table of ddl's predicted time beside its measured median per size, and the median absolute
+    error over sizes >= 1 MiB (None without such sizes). Error = (predicted - measured) / measured."""
+    model, samples = result.get("model"), result["samples"].get("ddl", {})
+    if not model:
+        return [], None
+    predicted = {int(k): v for k, v in model["predicted"].items()}
+    lines = ["| size | predicted (us) | measured (us) | runs | error |", "|---:|---:|---:|---:|---:|"]
+    errors = []
+    for size in sorted(samples):
+        measured = statistics.median(samples[size])
+        err = (predicted[size] - measured) / measured
+        if size >= 1 << 20:
+            errors.append(abs(err))
+        lines.append(f"| {_size(size)} | {predicted[size]:.1f} | {measured:.1f} | {len(samples[size])} | {err:+.1%} |")
+    levels = ", ".join(f"{lv['name']} {lv['bandwidth'] * 8e-6:.0f} Mbit/s, alpha {lv['alpha'] * 1e6:.0f} us "
+                       f"({'measured' if lv.get('measured') else 'nominal'})" for lv in model["levels"])
+    lines += ["", f"Tree from: {model['tree_source']}; level costs planned with: {levels}."]
+    return lines, (statistics.median(errors) if errors else None)
+
+
+def report(result: dict, bound: dict, nranks: int, outdir: Path, command: str, switched: bool = False) -> list:
     from ddl.cluster import spec as emulate
 
     name = result["topology"]
-    met = targets(name, result["times"], bound)
+    met = targets(name, result["times"], bound, switched)
+    predicted, error = prediction(result)
+    if error is not None:
+        met.append((f"prediction: median |error| over sizes >= 1 MiB within {PREDICTION_TARGET:.0%}",
+                    error <= PREDICTION_TARGET, f"{error:.1%}"))
     spec = emulate.PRESETS.get(name, name)
     desc = emulate.PRESET_TEXT.get(name, spec)
-    lines = [f"# {name}: {desc}", "",
+    stem = name + ("-noflags" if result.get("no_flags") else "")
+    told = ("Launched with no flags: no DDL_TOPOLOGY, no tiers; ddl found the switch levels itself (probe). "
+            if result.get("no_flags") else "ddl was told the topology (DDL_TOPOLOGY). ")
+    lines = [f"# {stem}: {desc}", "",
              f"Spec `{spec}`, {nranks} ranks. Produced by `{command}` on {datetime.date.today()} "
              f"({platform.node()}, {os.cpu_count()} cores; {'; '.join(f'{k}: {v}' for k, v in result['versions'].items())}).",
-             "Out of place, float32 sum; time = median over rounds of the max over ranks of the mean per call; "
+             told + "Out of place, float32 sum; time = median over runs of the max over ranks of the mean per call; "
              "busbw = algbw x 2(n-1)/n (nccl-tests); bound = the topology's lower bound "
              "(ddl.planner.lower_bound: per level 2(E-1)/E x n / B_out, or the latency of one round across the top); "
              "efficiency = bound / time. Every result was verified.", "",
-             "## Targets (issue 4)", "", "| target | met | measured |", "|:---|:---|:---|"]
+             "## Targets", "", "| target | met | measured |", "|:---|:---|:---|"]
     lines += [f"| {t} | {'yes' if ok else '**no**'} | {m} |" for t, ok, m in met]
-    lines += ["", "## Results", "", table(result, bound, nranks), "", f"![busbw against size]({name}.png)", ""]
-    (outdir / f"{name}.md").write_text("\n".join(lines))
-    plot(result, bound, nranks, f"{name}: {desc}", outdir / f"{name}.png")
-    (outdir / f"{name}.json").write_text(json.dumps({**result, "bound": {s: b for s, b in bound.items()}},
+    lines += ["", "## Results", "", table(result, bound, nranks), "", f"![busbw against size]({stem}.png)", ""]
+    if predicted:
+        lines += ["## Prediction against measurement (ddl's cost model)", ""] + predicted + [""]
+    (outdir / f"{stem}.md").write_text("\n".join(lines))
+    plot(result, bound, nranks, f"{stem}: {desc}", outdir / f"{stem}.png")
+    (outdir / f"{stem}.json").write_text(json.dumps({**result, "bound": {s: b for s, b in bound.items()}},
                                                     indent=1))
     return met
 
@@ -249,6 +298,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=2, help="timed calls at least (after one checked call)")
     ap.add_argument("--min-seconds", type=float, default=0.2, help="and at least this long per measurement")
+    ap.add_argument("--repeats", type=int, default=1, help="measurements per size in each job (interleaved)")
+    ap.add_argument("--no-flags", action="store_true",
+                    help="tell ddl nothing (no DDL_TOPOLOGY): it probes; results in <T>-noflags.*")
+    ap.add_argument("--ddl-only", action="store_true", help="ddl alone (for the prediction table): no peers")
     ap.add_argument("--mpich", default=str(ROOT / ".venv-mpich"), help="virtual env with the MPICH wheel + ddl")
     ap.add_argument("--out", default=str(HERE / "results"))
     args = ap.parse_args(argv)
@@ -264,8 +317,9 @@ def main(argv=None) -> int:
         return 2
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     mpich = Path(args.mpich) / "bin" / "python"
-    settings = jobs(Path(sys.executable), mpich if mpich.exists() else None, has_torch(Path(sys.executable)))
-    if not mpich.exists():
+    settings = jobs(Path(sys.executable), mpich if mpich.exists() else None, has_torch(Path(sys.executable)),
+                    args.ddl_only)
+    if not mpich.exists() and not args.ddl_only:
         print(f"note: no MPICH environment at {args.mpich} (make MPI=mpich setup): MPICH left out", file=sys.stderr)
     names = args.topologies.split(",")
     outdir = Path(args.out)
@@ -276,11 +330,14 @@ def main(argv=None) -> int:
     for name in names:
         t = emulate.topology(name)
         bound = bounds(t, sizes)
-        result = run_topology(name, t, sizes, args.rounds, settings, progress, args.iters, args.min_seconds)
-        met = report(result, bound, t.capacity(), outdir, command.strip())
+        result = run_topology(name, t, sizes, args.rounds, settings, progress, args.iters, args.min_seconds,
+                              args.repeats, args.no_flags)
+        switched = len(t.hierarchy(t.place(None, t.capacity()))[1]) >= 3
+        met = report(result, bound, t.capacity(), outdir, command.strip(), switched)
         print("", file=sys.stderr)
         print_summary(result, bound, t.capacity(), met)
-        print(f"  written: {outdir / (name + '.md')}, {outdir / (name + '.png')}")
+        stem = name + ("-noflags" if args.no_flags else "")
+        print(f"  written: {outdir / (stem + '.md')}, {outdir / (stem + '.png')}")
         missed += sum(not ok for _, ok, _ in met)
     print(f"\n{missed} target(s) missed" if missed else "\nall targets met")
     return 0

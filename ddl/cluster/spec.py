@@ -6,7 +6,7 @@
     3,2,1                    uneven nodes (3, 2 and 1 ranks) behind one switch
     3,2/2,1                  racks of uneven nodes, separated by "/"
     ...:nic=1gbit:uplink=500mbit:aisle=100mbit:order=round-robin
-    T1 .. T4                 the benchmark topologies of issue 4 (PRESETS)
+    T1 .. T5                 the benchmark topologies (PRESETS): issue 4's T1-T4, T5 three tiers
     emulated-racks, a path   a topology file: its nodes, switches, link rates and placement
 
 Rates are tc's (``1gbit``, ``500mbit``): ``uplink`` a rack's, ``aisle`` an aisle's (default: as ``uplink``); ``order`` numbers ranks packed by node (``node``, the default) or
@@ -24,12 +24,14 @@ PRESETS = {
     "T2": "2x2x2:nic=1gbit:uplink=500mbit",
     "T3": "3,2,1:nic=1gbit",
     "T4": "4x2:nic=1gbit:order=round-robin",
+    "T5": "2x2x2x1:nic=1gbit:uplink=500mbit:aisle=250mbit",
 }
 PRESET_TEXT = {
     "T1": "4 nodes x 2 ranks, NICs 1 Gbit/s, one switch",
     "T2": "2 racks x 2 nodes x 2 ranks, NICs 1 Gbit/s, rack uplinks 500 Mbit/s (oversubscribed)",
     "T3": "3 nodes with 3, 2 and 1 ranks, NICs 1 Gbit/s, one switch",
     "T4": "as T1, ranks numbered round-robin across the nodes",
+    "T5": "2 aisles x 2 racks x 2 nodes x 1 rank, NICs 1 Gbit/s, rack uplinks 500 Mbit/s, aisle uplinks 250 Mbit/s",
 }
 DEFAULT_RATE = "1gbit"
 _UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}

@@ -36,7 +36,7 @@ class Grouping:
     top: float                       # bytes/s: the full rate under load
     threshold: float                 # bytes/s: the slowest rate between two units of one group (top / margin)
     rates: dict = field(default_factory=dict)      # (unit a, unit b), a < b -> rate under the heaviest load
-    capacity: list[float] = field(default_factory=list)  # per unit: most bytes/s it sent in one round
+    capacity: list[float] = field(default_factory=list)  # per unit: most bytes/s it moved out in one round
     latency: float = 0.0             # seconds one way between units of one group (median)
 
 
@@ -44,7 +44,7 @@ def group(units: list[list[int]], flows: list[Flow], margin: float = MARGIN) -> 
     unit_of = {h: u for u, hosts in enumerate(units) for h in hosts}
     best_repeat: dict[tuple[int, int, int], float] = defaultdict(float)  # (src, dst, pattern) -> bytes/s
     lat_pair: dict[tuple[int, int], list[float]] = defaultdict(list)
-    sent: dict[tuple[int, int], float] = defaultdict(float)  # (unit, round) -> bytes/s leaving it
+    sent: dict[tuple[int, int], list[float]] = defaultdict(list)  # (unit, round) -> rates of its flows out
     for f in flows:
         a, b = unit_of[f.src], unit_of[f.dst]
         if a == b or f.rate <= 0:
@@ -52,7 +52,7 @@ def group(units: list[list[int]], flows: list[Flow], margin: float = MARGIN) -> 
         best_repeat[(f.src, f.dst, f.pattern)] = max(best_repeat[(f.src, f.dst, f.pattern)], f.rate)
         if f.latency > 0:
             lat_pair[(min(a, b), max(a, b))].append(f.latency)
-        sent[(a, f.round)] += f.rate
+        sent[(a, f.round)].append(f.rate)
     between: dict[tuple[int, int, int], float] = defaultdict(float)  # (unit a, unit b, pattern): a -> b
     for (src, dst, pattern), r in best_repeat.items():
         between[(unit_of[src], unit_of[dst], pattern)] += r
@@ -68,9 +68,12 @@ def group(units: list[list[int]], flows: list[Flow], margin: float = MARGIN) -> 
     top = statistics.median(best.values())
     threshold = top / margin
     groups = _complete_linkage(len(units), rates, threshold)
+    # A round's flows all carry the same bytes from a common start, so what a unit moved out is n flows over
+    # the slowest one's time: n x the lowest rate. Summing rates would count a flow that finished early (TCP
+    # is not fair on a shared uplink) as if it had kept its rate: 1.5-1.8x the uplink on the emulator.
     capacity = [0.0] * len(units)
     for (u, _), r in sent.items():
-        capacity[u] = max(capacity[u], r)
+        capacity[u] = max(capacity[u], len(r) * min(r))
     member = {u: i for i, g in enumerate(groups) for u in g}
     lats = [statistics.median(v) for (a, b), v in lat_pair.items() if member[a] == member[b]]
     return Grouping(groups, top, threshold, rates, capacity, statistics.median(lats) if lats else 0.0)
