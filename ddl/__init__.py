@@ -53,6 +53,10 @@ def init(comm=None, options: str | None = None, hierarchy=None, topology=None) -
         comm = MPI.COMM_WORLD
     _world = (Communicator.from_mpi(comm, opts, hierarchy, topology) if comm is not None
               else Communicator(None, 0, 1, opts, hierarchy=hierarchy, topology=topology))
+    if opts.timeline:  # the trace is written at finalize(); a script that never calls it still gets one
+        import atexit
+
+        atexit.register(finalize)
     return _world
 
 

@@ -52,6 +52,8 @@ SETTINGS = {
                 "order per stage (all pairs up to this many hosts)"),
         Setting("DDL_SCHEDULER_TOPOLOGY", "auto", "switch levels from Slurm's `scontrol show topology`: auto (inside "
                 "a Slurm job with scontrol), off, or a file holding its output"),
+        Setting("DDL_TIMELINE", "", "file to write a Chrome trace to at ddl.finalize() (chrome://tracing, Perfetto): "
+                "per rank, one event per call and per level, phase and pipeline block"),
         Setting("DDL_SMALL_BYTES", "65536", "largest payload carried in the agreement round itself (latency path)"),
     )
 }

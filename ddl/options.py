@@ -3,7 +3,7 @@
 IBM's grammar: ``-mode <letter>[:<dims>]`` (letters r n b c m p; dims AxBxCxD, one per tier, innermost
 first), ``-dump_iter N``, ``-dev_sync 0|1|2``, ``-rebind_iter N``, ``-dbg_level 0|1|2``, ``-check TOL``.
 ddl adds ``-timeout S``, ``-algo NAME[,NAME...]``, ``-segment BYTES``, ``-inflight N``, ``-topology FILE``,
-``-plan FILE``, ``-probe auto|0|1|force``. Options not given fall back to the DDL_* variables of ddl.config.
+``-plan FILE``, ``-probe auto|0|1|force``, ``-timeline FILE``. Options not given fall back to the DDL_* variables of ddl.config.
 """
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ class Options:
     plan: str | None = None         # plan file forcing the plan
     small_bytes: int = 65536
     probe: str = "auto"             # auto, 0, 1, force (ddl.topology.probe)
+    timeline: str | None = None     # Chrome-trace file written at ddl.finalize() (ddl.core.timeline)
     extra: dict = field(default_factory=dict)
 
 
@@ -126,6 +127,7 @@ def _from_environment(environ) -> Options:
         topology=config.get("DDL_TOPOLOGY", environ) or None,
         plan=config.get("DDL_PLAN", environ) or None,
         probe=probe_mode(config.get("DDL_PROBE", environ), "DDL_PROBE="),
+        timeline=config.get("DDL_TIMELINE", environ) or None,
     )
 
 
@@ -144,6 +146,7 @@ _PARSERS = {
     "topology": ("topology", str),
     "plan": ("plan", str),
     "probe": ("probe", probe_mode),
+    "timeline": ("timeline", str),
 }
 
 

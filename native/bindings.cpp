@@ -172,6 +172,7 @@ PYBIND11_MODULE(_native, m) {
       .value("min", ReduceOp::min).value("max", ReduceOp::max);
   bind_device(m);
 
+  m.def("clock_ns", &clock_ns, "The executor's clock (steady, nanoseconds): the time base of take_spans().");
   m.def("reduce_into", [](const py::buffer& dst, const py::buffer& src, DType dtype, ReduceOp op) {
     const int64_t n = elements(src, dtype);
     void* d = writable_buffer(dst, dtype, n);
@@ -247,6 +248,21 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("size", [](Executor& e) { return e.transport().size(); })
       .def_property_readonly("transport", [](Executor& e) { return e.transport().name(); })
       .def_property_readonly("broken", &Executor::broken)
+      .def_property_readonly("recording", &Executor::recording)
+      .def("record", &Executor::record, py::arg("on"),
+           "Start or stop keeping every run's round spans (block, round, start ns, end ns) for take_spans().")
+      .def("take_spans", [](Executor& e) {
+        int64_t dropped = 0;
+        std::vector<RoundSpan> spans = e.take_spans(&dropped);
+        py::array_t<int64_t> out({static_cast<py::ssize_t>(spans.size()), py::ssize_t{4}});
+        auto v = out.mutable_unchecked<2>();
+        for (size_t i = 0; i < spans.size(); ++i) {
+          const auto k = static_cast<py::ssize_t>(i);
+          v(k, 0) = spans[i].block, v(k, 1) = spans[i].round, v(k, 2) = spans[i].start_ns, v(k, 3) = spans[i].end_ns;
+        }
+        return py::make_tuple(out, dropped);
+      }, "(spans as an (n, 4) int64 array: block, round, start ns, end ns; spans dropped past the bound), "
+         "and clears them.")
       .def("run", &run, py::arg("plan"), py::arg("buffer"), py::arg("options"), py::arg("out") = py::none(),
            "Runs a pipeline on a contiguous buffer (GIL released); returns whether every rank's header agreed "
            "(true without one). With out (and a header): the small collective, run on a private copy of the "

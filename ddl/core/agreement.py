@@ -51,7 +51,8 @@ class Agreement:
         # Rank order, never the tree: ranks whose settings differ must still pair up to find out that they do.
         return self._plans.get(("agree", count), lambda: compile_blocks(
             lambda n: recursive_doubling_allreduce(self.rank, self.size, n, keep_empty=True),
-            count, max(count, 1), 1, "recursive_doubling"))
+            count, max(count, 1), 1, "recursive_doubling",
+            ((-1, "agreement" if count == 0 else "agreement + data"),)))  # level -1: all ranks, rank order
 
     def options(self, call: str, dtype, op, **extra) -> "_native.RunOptions":
         return _native.RunOptions(dtype, op, self._timeout, call, header=self.hash(call), capacity=CAPACITY,

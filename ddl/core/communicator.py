@@ -11,6 +11,9 @@ The public seam other parts build on (ddl.gpu, the frameworks): ``lock`` (held a
 """
 from __future__ import annotations
 
+import json
+import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -21,6 +24,7 @@ from .. import _native
 from ..errors import DDLError
 from ..options import Options, parse
 from ..planner import Plan, Shape, choose, label, latency_phases, pipelined, predict, program
+from ..planner.programs import round_phases
 from ..planner.explain import Explanation, explain
 from ..planner.sources import choose_tree
 from ..schedule.algorithms import binomial_broadcast, ring_allgather
@@ -28,7 +32,7 @@ from ..schedule.compile import CompiledPipeline, compile_blocks, native_program
 from ..topology import discover
 from ..topology.switches import switch_levels
 from ..topology import tree as hierarchical
-from . import devices
+from . import devices, timeline
 from .agreement import CAPACITY, Agreement, hash64
 from .diagnostics import CallTimer, check_against_mpi
 from .dtypes import native_dtype, native_op, raw
@@ -38,6 +42,7 @@ from .plans import PlanCache
 _BYTE = _native.DType.uint8
 _SUM = _native.ReduceOp.sum
 _SIGNATURE_CACHE = 1024
+TIMELINE_CALLS = 100_000  # calls a DDL_TIMELINE keeps per rank (the oldest go first)
 
 
 def default_block_bytes(nbytes: int) -> int:
@@ -88,7 +93,11 @@ class Communicator:
         self._chosen: dict[int, Plan] = {}
         self._signatures: dict = {}
         self._plans = PlanCache(rank, o.dbg_level >= 1)
-        self._timer = CallTimer(o.dump_iter, rank) if o.dump_iter else None
+        self._timer = CallTimer(o.dump_iter, rank, [lv.name for lv in self.levels]) if o.dump_iter else None
+        # The executor's round spans: for -dump_iter's per-level times and the timeline (ddl.core.timeline)
+        self._recorder = None
+        if executor is not None and (o.timeline or o.dump_iter):
+            self._recorder = timeline.Recorder(executor, TIMELINE_CALLS if o.timeline else o.dump_iter)
         self._devices = None  # ddl.core.devices' collectives, made on the first GPU array
         self.plan_for(1)  # a forced algorithm list that does not fit the tree fails here, not mid-training
         # Settings that shape plans must match across ranks: they go into every call's hash.
@@ -96,6 +105,12 @@ class Communicator:
         settings = (f"algo={o.algo} segment={o.segment} inflight={o.inflight} small={self._small} "
                     f"tree={hash64(shape) & 0xffffffff:08x}")
         self._agreement = Agreement(rank, size, settings, self._plans, self.execute, o.timeout)
+        self._origin = 0
+        if self._recorder is not None:  # one time origin for every rank's track: right after a barrier (hosts'
+            if mpi_comm is not None:    # clocks differ; loopback ranks are threads sharing one clock)
+                self.barrier()
+                self._recorder.calls.clear()
+            self._origin = _native.clock_ns()
 
     # -- construction -----------------------------------------------------------------------------------
 
@@ -124,6 +139,9 @@ class Communicator:
         the MPI duplicate is kept, never freed: messages of the failed call may still be queued under its
         context id, and MPI would give that id to the next communicator, where they would match."""
         broken = self._executor is not None and not isinstance(self._executor, _Closed) and self._executor.broken
+        if self._recorder is not None and self.options.timeline:
+            self._write_timeline(broken)
+        self._recorder = None
         if self._devices is not None:
             self._devices.close()
             self._devices = None
@@ -142,10 +160,38 @@ class Communicator:
         """The MPI communicator ddl runs on (a private duplicate; None for loopback or alone)."""
         return self._mpi
 
-    def execute(self, plan: CompiledPipeline, buffer, options) -> bool:
-        """Runs a compiled pipeline on this communicator's executor (``_native.RunOptions``); returns whether
-        every rank's header agreed (True without one). The caller holds ``lock`` and has agreed first."""
-        return self._executor.run(plan.native, buffer, options)
+    def execute(self, plan: CompiledPipeline, buffer, options, out=None) -> bool:
+        """Runs a compiled pipeline on this communicator's executor (``_native.RunOptions``; ``out``: see
+        _native.Executor.run); returns whether every rank's header agreed (True without one). The caller holds
+        ``lock`` and has agreed first."""
+        try:
+            return self._executor.run(plan.native, buffer, options, out)
+        finally:
+            if self._recorder is not None:
+                self._recorder.ran(plan.phases, plan.algorithm, options.label)
+
+    def _write_timeline(self, broken: bool) -> None:
+        """DDL_TIMELINE: every rank's calls gathered to rank 0, which writes one Chrome trace. After a failure
+        (or if the gathering fails) each rank writes its own part to <file>.rank<r> instead."""
+        rec, path = self._recorder, self.options.timeline
+        rec.stop()  # the gathering is not part of the trace
+        host = self.hosts[self.rank] if self.hosts else socket.gethostname()
+        part = timeline.rank_part(self.rank, host, self._origin, [lv.name for lv in self.levels], rec.calls)
+        if not broken:
+            data = np.frombuffer(json.dumps(part).encode(), np.uint8)
+            try:
+                sizes = self.allgather(np.array([data.size], np.int64))
+                everything = self.allgather(data)
+            except DDLError as e:
+                print(f"[ddl] rank {self.rank}: timeline not gathered ({e})", file=sys.stderr)
+            else:
+                if self.rank == 0:
+                    cuts = np.cumsum(sizes)[:-1]
+                    timeline.write(path, [json.loads(bytes(b)) for b in np.split(everything, cuts)])
+                return
+        own = f"{path}.rank{self.rank}"
+        timeline.write(own, [part])
+        print(f"[ddl] rank {self.rank}: timeline of this rank written to {own}", file=sys.stderr)
 
     def agree(self, call: str, problem: str | None = None) -> None:
         """An agreement round with no payload: raises on every rank when ranks called differently, or when
@@ -178,7 +224,8 @@ class Communicator:
         def build():
             choice = self.plan_for(count * itemsize)
             return compile_blocks(lambda n: program(self.rank, choice, n), count,
-                                  max(1, choice.block_bytes // itemsize), choice.inflight, label(choice))
+                                  max(1, choice.block_bytes // itemsize), choice.inflight, label(choice),
+                                  tuple(round_phases(choice)))
 
         return self._plans.get(("allreduce", count, itemsize), build)
 
@@ -229,18 +276,23 @@ class Communicator:
             return self._device().allreduce(array, op, out)
         started = time.perf_counter() if self._timer else 0.0
         a = np.asarray(array)
-        sig = self._signature(a.shape, a.dtype, op)
-        problem = sig.problem
-        if out is not None and problem is None:
-            problem = _out_problem(out, a)
-        if self.size == 1:
-            result = self._alone_into(a, problem, out)
-        elif problem is None and sig.fused and self.options.check is None:
-            result = self._small_allreduce(a, out, sig)
-        else:
-            result = self._large_allreduce(a, out, op, sig, problem)
+        if self._recorder is not None:
+            self._recorder.begin("allreduce", a.nbytes)
+        try:
+            sig = self._signature(a.shape, a.dtype, op)
+            problem = sig.problem
+            if out is not None and problem is None:
+                problem = _out_problem(out, a)
+            if self.size == 1:
+                result = self._alone_into(a, problem, out)
+            elif problem is None and sig.fused and self.options.check is None:
+                result = self._small_allreduce(a, out, sig)
+            else:
+                result = self._large_allreduce(a, out, op, sig, problem)
+        finally:
+            call = self._recorder.end() if self._recorder is not None else None
         if self._timer:
-            self._timer.add(time.perf_counter() - started, a.nbytes)
+            self._timer.add(time.perf_counter() - started, a.nbytes, call)
         return result
 
     def _small_allreduce(self, a: np.ndarray, out, sig: _Signature) -> np.ndarray:
@@ -249,7 +301,7 @@ class Communicator:
         direct = out is not None and out.flags.c_contiguous
         dst = out if direct else np.empty(a.shape, a.dtype)
         with self.lock:
-            if not self._executor.run(sig.plan.native, raw(src), sig.options, raw(dst)):
+            if not self.execute(sig.plan, raw(src), sig.options, raw(dst)):
                 self._agreement.report_mismatch(sig.text)
         return _deliver(dst, out, direct)
 

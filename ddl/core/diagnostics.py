@@ -1,5 +1,5 @@
 """IBM DDL's diagnostics: -check TOL (every result compared with MPI_Allreduce of the same input) and
--dump_iter N (rank 0 prints the mean time per allreduce every N calls)."""
+-dump_iter N (rank 0 prints the mean time per allreduce every N calls, and per level and phase)."""
 from __future__ import annotations
 
 import sys
@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import DDLError
 from .dtypes import FLOATING
+from .timeline import PHASE_ORDER, where
 
 
 def check_against_mpi(mpi_comm, rank: int, size: int, tolerance: float, original: np.ndarray, result: np.ndarray,
@@ -33,17 +34,33 @@ def check_against_mpi(mpi_comm, rank: int, size: int, tolerance: float, original
 
 
 class CallTimer:
-    """-dump_iter N: every N allreduce calls, rank 0 prints the mean time per call."""
+    """-dump_iter N: every N allreduce calls, rank 0 prints the mean time per call and, as IBM DDL's dump did
+    per dimension, the mean time of each level's phases (ddl.core.timeline: from the first pipeline block
+    entering a phase to the last leaving it; pipelined phases overlap, so they may add up to more)."""
 
-    def __init__(self, every: int, rank: int):
-        self.every, self.rank = every, rank
+    def __init__(self, every: int, rank: int, level_names: list[str] | None = None):
+        self.every, self.rank, self.names = every, rank, level_names or []
         self.calls, self.seconds = 0, 0.0
+        self.phases: dict[tuple[int, str], float] = {}
 
-    def add(self, seconds: float, nbytes: int) -> None:
+    def add(self, seconds: float, nbytes: int, call=None) -> list[str]:
+        """Counts one call (``call``: its ddl.core.timeline.Call, when recorded); returns the lines printed."""
         self.calls += 1
         self.seconds += seconds
-        if self.calls % self.every == 0:
-            if self.rank == 0:
-                print(f"[ddl] iter {self.calls}: allreduce {self.seconds / self.every * 1e6:.1f} us per call "
-                      f"over the last {self.every} (last {nbytes} bytes)", file=sys.stderr)
-            self.seconds = 0.0
+        for key, t in (call.phase_seconds() if call is not None else {}).items():
+            self.phases[key] = self.phases.get(key, 0.0) + t
+        if self.calls % self.every:
+            return []
+        lines = [f"[ddl] iter {self.calls}: allreduce {self.seconds / self.every * 1e6:.1f} us per call "
+                 f"over the last {self.every} (last {nbytes} bytes)"]
+        for (level, phase), t in sorted(self.phases.items(), key=_phase_order):
+            lines.append(f"[ddl]   {where(level, self.names):<20} {phase:<18} {t / self.every * 1e6:10.1f} us per call")
+        if self.rank == 0:
+            print("\n".join(lines), file=sys.stderr)
+        self.seconds, self.phases = 0.0, {}
+        return lines
+
+
+def _phase_order(item) -> tuple:
+    (level, phase), _ = item
+    return PHASE_ORDER.get(phase, 3), -level if phase == "allgather" else level, phase

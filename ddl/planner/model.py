@@ -142,18 +142,24 @@ def phases(shape: Shape, levels, algorithms, nbytes: float) -> list[Phase]:
     return rs + [last] + ag
 
 
-def latency_phases(shape: Shape, levels, nbytes: float) -> list[Phase]:
-    """Recursive doubling over all ranks in tree order: the round that pairs ranks within blocks of k
-    consecutive ranks crosses the lowest level whose groups hold k ranks; every rank below a child of that
-    level sends the whole vector through the child's links at once."""
+def latency_round_levels(shape: Shape) -> list[int]:
+    """The level each round of recursive doubling over all ranks in tree order crosses (the fold rounds of a
+    non-power of two included): the round pairing ranks within blocks of k consecutive ranks crosses the
+    lowest level whose groups hold k ranks."""
     p = shape.nranks
     holds = [shape.under[lvl] * min(shape.sizes[lvl]) for lvl in range(shape.depth)]
     reach = [2 ** (i + 1) for i in range(_lg(p))]
     if not _pof2(p):
         reach = [2] + reach + [2]
+    return [next((j for j in range(shape.depth) if k <= holds[j]), shape.depth - 1) for k in reach]
+
+
+def latency_phases(shape: Shape, levels, nbytes: float) -> list[Phase]:
+    """Recursive doubling over all ranks in tree order: the round that pairs ranks within blocks of k
+    consecutive ranks crosses the lowest level whose groups hold k ranks; every rank below a child of that
+    level sends the whole vector through the child's links at once."""
     out: list[Phase] = []
-    for k in reach:  # consecutive rounds on one level make one phase
-        lvl = next((j for j in range(shape.depth) if k <= holds[j]), shape.depth - 1)
+    for lvl in latency_round_levels(shape):  # consecutive rounds on one level make one phase
         c = levels[lvl]
         sent = nbytes * shape.under[lvl]
         red = nbytes * c.gamma

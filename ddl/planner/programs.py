@@ -7,7 +7,7 @@ import bisect
 from ..schedule.algorithms import ALLREDUCE, halving_doubling
 from ..schedule.ir import shares, Op, Program, Step, number_tags
 from ..topology.tree import leaves
-from .model import Shape, effective_algorithm, level_rounds, top_rounds
+from .model import Shape, effective_algorithm, latency_round_levels, level_rounds, top_rounds
 from .choice import Plan
 
 
@@ -24,6 +24,22 @@ def program(rank: int, plan: Plan, count: int) -> Program:
     out: list[Step] = []
     _rank_steps(rank, tree, 0, 0, count, ctx, out)
     return Program(rank, number_tags(out, ctx.width), ctx.total, ctx.width)
+
+
+def round_phases(plan: Plan) -> list[tuple[int, str]]:
+    """(level, phase) of every round of ``program``'s programs under ``plan``, the same on every rank: what
+    the timeline and -dump_iter label the executor's round spans with."""
+    shape = Shape.of(plan.tree)
+    if plan.shape == "latency":
+        return [(lvl, "recursive doubling") for lvl in latency_round_levels(shape)]
+    ctx = _Context(shape, plan.algorithms)
+    top = shape.depth - 1
+    out: list[tuple[int, str]] = [(top, "allreduce")] * ctx.total
+    for lvl in range(top):
+        for r in range(ctx.rs_rounds[lvl]):
+            out[ctx.rs_start[lvl] + r] = (lvl, "reduce-scatter")
+            out[ctx.ag_start[lvl] + r] = (lvl, "allgather")
+    return out
 
 
 class _Context:

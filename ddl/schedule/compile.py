@@ -61,10 +61,12 @@ class CompiledPipeline:
     block_elems: int
     nblocks: int
     inflight: int
+    phases: tuple[tuple[int, str], ...] = ()  # (level, phase) per round, for the timeline; later rounds: as
+                                              # the last; none: level 0, phase = the algorithm
 
 
 def compile_blocks(make: Callable[[int], Program], count: int, block_elems: int, inflight: int,
-                   algorithm: str) -> CompiledPipeline:
+                   algorithm: str, phases: tuple[tuple[int, str], ...] = ()) -> CompiledPipeline:
     """Cuts [0, count) into blocks of block_elems (the last may be shorter) and runs ``make(n)``'s program on
     each; at most two distinct programs are built (full blocks and the tail)."""
     block_elems = max(1, min(block_elems, count)) if count else 1
@@ -77,4 +79,4 @@ def compile_blocks(make: Callable[[int], Program], count: int, block_elems: int,
         programs.append(native_program(make(tail)))
         blocks.append((full * block_elems, len(programs) - 1))
     native = _native.Pipeline(programs, np.asarray(blocks, dtype=np.int64).reshape(-1, 2), inflight)
-    return CompiledPipeline(native, algorithm, count, block_elems, len(blocks), inflight)
+    return CompiledPipeline(native, algorithm, count, block_elems, len(blocks), inflight, phases)

@@ -31,6 +31,7 @@ struct ActiveBlock {
   size_t round = 0;
   size_t pending = 0;        // steps of this round not yet done
   size_t sends_pending = 0;  // sends of this round not yet complete
+  int64_t round_start = 0;   // clock_ns() when this round began (recorded runs only)
   size_t rounds() const { return prog->round_begin.size() - 1; }
 };
 
@@ -139,6 +140,7 @@ class Run {
 
   void start_round(ActiveBlock& a) {
     if (a.round >= a.rounds()) return;
+    if (opt_.spans) a.round_start = clock_ns();
     size_t lo = a.prog->round_begin[a.round], hi = a.prog->round_begin[a.round + 1];
     a.sends_pending = 0;
     for (size_t i = lo; i < hi; ++i) {
@@ -204,6 +206,9 @@ class Run {
         progressed = true;
       }
       if (a.pending) return progressed;
+      if (opt_.spans)
+        opt_.spans->push_back({static_cast<int64_t>(a.index), static_cast<int64_t>(a.round), a.round_start,
+                               clock_ns()});
       ++a.round;
       progressed = true;
       start_round(a);
@@ -246,6 +251,18 @@ class Run {
 };
 
 }  // namespace
+
+int64_t clock_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+std::vector<RoundSpan> Executor::take_spans(int64_t* dropped) {
+  std::vector<RoundSpan> out;
+  out.swap(spans_);
+  if (dropped) *dropped = dropped_;
+  dropped_ = 0;
+  return out;
+}
 
 Program make_program(const int64_t* rows, size_t nrows, int64_t scratch_elems, int32_t tags) {
   Program p;
@@ -290,8 +307,14 @@ void Executor::run(const Plan& plan, void* buf, RunOptions& opt) {
   if (!broken_.empty())
     throw TransportError("this communicator is unusable after an earlier failure (" + broken_ +
                          "); call ddl.finalize() and ddl.init() to recreate it");
+  if (recording_) opt.spans = &spans_;
+  const size_t before = spans_.size();
   try {
     Run(*t_, plan, static_cast<char*>(buf), opt, arena_).go();
+    if (spans_.size() > kMaxSpans) {  // nobody took them: keep the oldest, count the rest
+      dropped_ += static_cast<int64_t>(spans_.size() - std::max(before, kMaxSpans));
+      spans_.resize(std::max(before, kMaxSpans));
+    }
   } catch (const std::exception& e) {
     // Whatever stopped the run, messages of it may still be posted: cancel them and refuse further runs,
     // so nothing lands later in memory the caller has reused.

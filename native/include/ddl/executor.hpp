@@ -68,6 +68,17 @@ struct BlockHooks {
   virtual void finished(size_t block) = 0;
 };
 
+// One round of one pipeline block as the executor ran it, on the steady clock (clock_ns): from the round's
+// first post to its last completion. The timeline and the per-level -dump_iter are made of these; Python knows
+// which level and phase each round belongs to. Recording costs nothing when off (one pointer test per round).
+struct RoundSpan {
+  int64_t block;
+  int64_t round;
+  int64_t start_ns;
+  int64_t end_ns;
+};
+int64_t clock_ns();
+
 struct RunOptions {
   DType dtype = DType::float32;
   ReduceOp op = ReduceOp::sum;
@@ -77,6 +88,7 @@ struct RunOptions {
   int64_t header_capacity = 0;     // header mode: bytes of data a receive must accept
   std::string label = "collective";
   BlockHooks* hooks = nullptr;     // not owned
+  std::vector<RoundSpan>* spans = nullptr;  // when set, one span per block round is appended (not owned)
 };
 
 // Builds a Program from rows of kStepFields int64 (kStepFieldNames' order), sorted by round.
@@ -94,11 +106,20 @@ class Executor {
   bool run_small(const Plan& plan, const void* src, void* dst, size_t nbytes, double factor, RunOptions& opt);
   Transport& transport() { return *t_; }
   bool broken() const { return !broken_.empty(); }
+  // While recording, every run appends its rounds' spans; take_spans() hands them over and clears. A
+  // bounded buffer: past kMaxSpans the oldest are kept and the rest counted as dropped.
+  void record(bool on) { recording_ = on; }
+  bool recording() const { return recording_; }
+  std::vector<RoundSpan> take_spans(int64_t* dropped = nullptr);
+  static constexpr size_t kMaxSpans = size_t{1} << 22;
 
  private:
   std::shared_ptr<Transport> t_;
   std::vector<char> arena_, small_;
   std::string broken_;
+  bool recording_ = false;
+  std::vector<RoundSpan> spans_;
+  int64_t dropped_ = 0;
 };
 
 }  // namespace ddl
