@@ -15,6 +15,7 @@ from . import gpu as _gpu  # noqa: F401 (registers the device collectives with d
 from . import options as _options
 from . import config as _config
 from .config import launched_by_mpi as _launched_by_mpi
+from .core.asynchronous import Handle
 from .core.communicator import Communicator
 from .errors import DDLError, DeviceError, MismatchError, TopologyError, TransportError
 
@@ -23,6 +24,7 @@ _moved.install()
 __all__ = [
     "init", "finalize", "initialized", "communicator", "rank", "size", "local_rank", "local_size", "num_hosts",
     "allreduce", "allreduce_n", "grads_reduce", "broadcast", "bcast", "allgather", "barrier", "explain",
+    "allreduce_async", "broadcast_async", "allgather_async", "synchronize", "poll", "Handle",
     "DDLError", "DeviceError", "MismatchError", "TopologyError", "TransportError", "Communicator", "__version__",
     "DDLCallback", "DDLGlobalVariablesCallback",
 ]
@@ -123,6 +125,32 @@ def grads_reduce(grads_and_vars, average: bool = True):
     for i, g in zip(present, reduced):
         out[i] = (g, pairs[i][1])
     return out
+
+
+def allreduce_async(array, op: str = "sum", out=None) -> Handle:
+    """allreduce without blocking: returns a Handle (``wait()``, ``done()``, ``result``) at once; the
+    collective runs on ddl's worker thread, after those submitted before (every rank must submit in the same
+    order; a rank that differs gets MismatchError, no hang). Leave ``array`` and ``out`` alone until done.
+    Host arrays only."""
+    return communicator().allreduce_async(array, op, out)
+
+
+def broadcast_async(array, root: int = 0) -> Handle:
+    return communicator().broadcast_async(array, root)
+
+
+def allgather_async(array) -> Handle:
+    return communicator().allgather_async(array)
+
+
+def synchronize(handle: Handle, timeout: float | None = None):
+    """Waits for a submitted collective and returns its result (Horovod's name); raises its error."""
+    return handle.wait(timeout)
+
+
+def poll(handle: Handle) -> bool:
+    """Whether a submitted collective has finished (never blocks)."""
+    return handle.done()
 
 
 def broadcast(array, root: int = 0):

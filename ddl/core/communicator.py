@@ -33,6 +33,7 @@ from ..topology import discover
 from ..topology.switches import switch_levels
 from ..topology import tree as hierarchical
 from . import devices, timeline
+from .asynchronous import Handle, Worker
 from .agreement import CAPACITY, Agreement, hash64
 from .diagnostics import CallTimer, check_against_mpi
 from .dtypes import native_dtype, native_op, raw
@@ -99,6 +100,7 @@ class Communicator:
         if executor is not None and (o.timeline or o.dump_iter):
             self._recorder = timeline.Recorder(executor, TIMELINE_CALLS if o.timeline else o.dump_iter)
         self._devices = None  # ddl.core.devices' collectives, made on the first GPU array
+        self._worker: Worker | None = None  # runs the *_async collectives in order (made on first use)
         self.plan_for(1)  # a forced algorithm list that does not fit the tree fails here, not mid-training
         # Settings that shape plans must match across ranks: they go into every call's hash.
         shape = f"{hierarchical.describe(self.tree)} {[lv.to_dict() for lv in self.levels]} {self._forced}"
@@ -138,6 +140,9 @@ class Communicator:
         """Releases the communicator; any later collective on it raises DDLError. After a transport failure
         the MPI duplicate is kept, never freed: messages of the failed call may still be queued under its
         context id, and MPI would give that id to the next communicator, where they would match."""
+        if self._worker is not None:  # what was submitted finishes (or fails on its deadline) first
+            self._worker.close(self.options.timeout + 5)
+            self._worker = None
         broken = self._executor is not None and not isinstance(self._executor, _Closed) and self._executor.broken
         if self._recorder is not None and self.options.timeline:
             self._write_timeline(broken)
@@ -274,6 +279,7 @@ class Communicator:
     def allreduce(self, array, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
         if devices.is_device_array(array):
             return self._device().allreduce(array, op, out)
+        self._after_submitted()
         started = time.perf_counter() if self._timer else 0.0
         a = np.asarray(array)
         if self._recorder is not None:
@@ -335,12 +341,52 @@ class Communicator:
         return pack_groups(arrays, [x.dtype.str for x in arrays], lambda idx: self.allreduce(
             np.concatenate([arrays[i].reshape(-1) for i in idx]), op))
 
+    # -- asynchronous (ddl.core.asynchronous) ------------------------------------------------------------
+
+    def submit(self, name: str, fn, *args) -> Handle:
+        """Runs ``fn(*args)`` (a collective of this communicator) on its worker thread after everything
+        submitted before; returns the Handle. Every rank must submit in the same order."""
+        if self._worker is None:
+            if self._mpi is not None:  # another thread will call MPI (ddl's own calls never at once)
+                from mpi4py import MPI
+
+                if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+                    raise DDLError(f"rank {self.rank}: {name} needs MPI initialised with at least "
+                                   f"MPI_THREAD_SERIALIZED (mpi4py asks for MPI_THREAD_MULTIPLE unless "
+                                   f"mpi4py.rc.thread_level was lowered)")
+            self._worker = Worker(f"ddl-collectives-rank{self.rank}")
+        return self._worker.submit(name, fn, *args)
+
+    def _after_submitted(self) -> None:
+        """A blocking collective waits for the submitted ones first, so the order stays the same everywhere."""
+        if self._worker is not None:
+            self._worker.drain()
+
+    def _host_only(self, array, call: str) -> None:
+        if devices.is_device_array(array):
+            raise DDLError(f"rank {self.rank}: {call} takes host arrays; GPU arrays follow their stream with the "
+                           f"blocking call ({call.replace('_async', '')})")
+
+    def allreduce_async(self, array, op: str = "sum", out: np.ndarray | None = None) -> Handle:
+        """allreduce on the worker thread; leave ``array`` (and ``out``) alone until the handle is done."""
+        self._host_only(array, "allreduce_async")
+        return self.submit("allreduce_async", self.allreduce, array, op, out)
+
+    def broadcast_async(self, array, root: int = 0) -> Handle:
+        self._host_only(array, "broadcast_async")
+        return self.submit("broadcast_async", self.broadcast, array, root)
+
+    def allgather_async(self, array) -> Handle:
+        self._host_only(array, "allgather_async")
+        return self.submit("allgather_async", self.allgather, array)
+
     # -- broadcast, allgather, barrier -------------------------------------------------------------------
 
     def broadcast(self, array, root: int = 0) -> np.ndarray:
         """A copy of root's array on every rank (any fixed-size dtype; every rank passes the same shape)."""
         if devices.is_device_array(array):
             return self._device().broadcast(array, root)
+        self._after_submitted()
         a = np.asarray(array)
         problem = _unmovable(a, "broadcast")
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
@@ -365,6 +411,7 @@ class Communicator:
         """Every rank's array concatenated along the first axis, in rank order (first dims may differ)."""
         if devices.is_device_array(array):
             return self._device().allgather(array)
+        self._after_submitted()
         a = np.asarray(array)
         problem = _unmovable(a, "allgather")
         if a.ndim == 0:
@@ -395,6 +442,7 @@ class Communicator:
 
     def barrier(self) -> None:
         """Returns once every rank has entered the barrier (an agreement round with no data)."""
+        self._after_submitted()
         if self.size > 1:
             with self.lock:
                 self._agreement.agree("barrier()", None)
