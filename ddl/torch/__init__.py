@@ -8,7 +8,8 @@
 
 CPU tensors that are contiguous are reduced in their own memory (through numpy, no copy); CUDA tensors stay
 on their device (ddl's GPU path: NCCL inside a node, MPI between nodes; see ddl.gpu); others are copied to
-the host and back. Importing this module imports torch; ``import ddl`` never does.
+the host and back. Importing this module imports torch (``import ddl`` never does) and registers the
+``"ddl"`` backend of torch.distributed (ddl.torch.backend: DistributedDataParallel on ddl).
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ import ddl
 from ..core import fusion
 
 __all__ = ["allreduce", "allreduce_", "broadcast", "broadcast_", "allgather", "broadcast_parameters",
-           "broadcast_object", "broadcast_optimizer_state", "DistributedOptimizer", "average_gradients"]
+           "broadcast_object", "broadcast_optimizer_state", "DistributedOptimizer", "average_gradients",
+           "init_process_group"]
 
 
 def _host_view(tensor: torch.Tensor) -> tuple[np.ndarray, bool]:
@@ -238,3 +240,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, threshold: int | None
         "step": step, "synchronize": synchronize, "zero_grad": zero_grad, "_ddl_distributed": True,
         "__module__": base.__module__})
     return optimizer
+
+
+from . import backend as _backend  # noqa: E402 (it uses the helpers above)
+
+_backend.register()  # torch.distributed.init_process_group("ddl")
+init_process_group = _backend.init_process_group
