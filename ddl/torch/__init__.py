@@ -24,7 +24,7 @@ from ..core import fusion
 
 __all__ = ["allreduce", "allreduce_", "broadcast", "broadcast_", "allgather", "broadcast_parameters",
            "broadcast_object", "broadcast_optimizer_state", "DistributedOptimizer", "average_gradients",
-           "init_process_group"]
+           "init_process_group", "GradientBuckets"]
 
 
 def _host_view(tensor: torch.Tensor) -> tuple[np.ndarray, bool]:
@@ -158,88 +158,7 @@ def _average_on_device(grads: list[torch.Tensor], threshold: int | None) -> None
             _copy_into(grads[i], values)
 
 
-class GradientBuckets:
-    """Gradients that live in fused buffers: each parameter's ``.grad`` becomes a view of a flat buffer (one
-    per dtype and threshold's worth of bytes), so averaging is one in-place allreduce per buffer, no copy.
-    Backward accumulates into an existing ``.grad`` in place, so the views survive as long as gradients are
-    zeroed rather than set to None (DistributedOptimizer.zero_grad does that). A gradient replaced by a new
-    tensor is copied in and re-pointed at the next average. CPU tensors of numpy's dtypes, and CUDA tensors
-    (buffers on their device, averaged by ddl's GPU path)."""
-
-    def __init__(self, params: list[torch.Tensor], threshold: int | None = None):
-        self.params = params
-        sizes = [p.numel() * p.element_size() for p in params]
-        self.buffers: list[tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = []
-        keys = [f"{p.dtype}@{p.device}" for p in params]
-        for bucket in fusion.buckets(sizes, keys, fusion.threshold_bytes(threshold)):
-            flat_buffer = _flat_buffer(params[bucket[0]], sum(params[i].numel() for i in bucket))
-            views, start = [], 0
-            for i in bucket:
-                n = params[i].numel()
-                views.append((params[i], flat_buffer[start:start + n].view(params[i].shape)))
-                start += n
-            self.buffers.append((flat_buffer, views))
-
-    @staticmethod
-    def fits(p: torch.Tensor) -> bool:
-        if p.dtype in (torch.complex64, torch.complex128):
-            return False
-        return p.is_cuda or (p.device.type == "cpu" and p.dtype != torch.bfloat16)
-
-    def average(self) -> None:
-        comm = ddl.communicator()
-        for flat_buffer, views in self.buffers:
-            for p, view in views:
-                if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                    with torch.no_grad():
-                        view.copy_(p.grad if p.grad is not None else torch.zeros_like(view))
-                    p.grad = view
-            values = flat_buffer if flat_buffer.is_cuda else flat_buffer.numpy()
-            comm.allreduce(values, "avg", out=values)
-
-
-def _flat_buffer(like: torch.Tensor, count: int) -> torch.Tensor:
-    if like.is_cuda:
-        return torch.zeros(count, dtype=like.dtype, device=like.device)
-    # numpy's allocator: large buffers get transparent huge pages (measured 14 % faster allreduces than
-    # torch's allocator on 100 MB, 4 ranks)
-    return torch.from_numpy(np.zeros(count, torch.empty(0, dtype=like.dtype).numpy().dtype))
-
-
-def DistributedOptimizer(optimizer: torch.optim.Optimizer, threshold: int | None = None):
-    """Makes ``optimizer`` average the gradients across ranks before each step, and returns it. Gradients of
-    CPU and CUDA parameters live in fused buffers (GradientBuckets: no copies); others are averaged through
-    average_gradients. It stays an instance of its own class (learning-rate schedulers, state_dict,
-    checkpoints work as before). ``zero_grad`` zeroes in place (the buffers stay); ``synchronize()`` averages
-    without stepping."""
-    if getattr(optimizer, "_ddl_distributed", False):
-        return optimizer
-    base = type(optimizer)
-    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-    buckets = GradientBuckets([p for p in params if GradientBuckets.fits(p)], threshold)
-    others = [p for p in params if not GradientBuckets.fits(p)]
-
-    def synchronize(self) -> None:
-        buckets.average()
-        if others:
-            average_gradients(others, threshold)
-
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self.synchronize()
-        base.step(self)
-        return loss
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        base.zero_grad(self, set_to_none=False)  # keep the buffers' views: zero them in place
-
-    optimizer.__class__ = type(base.__name__, (base,), {
-        "step": step, "synchronize": synchronize, "zero_grad": zero_grad, "_ddl_distributed": True,
-        "__module__": base.__module__})
-    return optimizer
+from .optimizer import DistributedOptimizer, GradientBuckets  # noqa: E402 (they use the helpers above)
 
 
 from . import backend as _backend  # noqa: E402 (it uses the helpers above)

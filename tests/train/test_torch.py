@@ -102,3 +102,135 @@ def test_a_parameter_without_gradient_on_one_rank_counts_as_zeros():
     expected = COMM.allreduce(local) / ddl.size()  # rank 0's gradient, the others' zeros, averaged
     opt.synchronize()
     np.testing.assert_allclose(flat(p.grad for p in model.parameters()), expected, rtol=1e-6)
+
+
+# -- the silent failures of issue 16, each a regression test -------------------------------------------------
+
+
+def count_collectives(monkeypatch) -> list:
+    """Every allreduce ddl runs from here on (a submitted one runs it on the worker: ddl.barrier(), which
+    waits for submitted collectives, makes the count current)."""
+    comm, calls = ddl.communicator(), []
+    original = comm.allreduce
+    monkeypatch.setattr(comm, "allreduce", lambda *a, **k: (calls.append(a[0].size), original(*a, **k))[1])
+    return calls
+
+
+def shard_step(model, opt, seed: int, rows: int = 4):
+    """One backward on this rank's rows of a global batch drawn alike on every rank; returns the batch."""
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(rows * ddl.size(), 12, generator=g), torch.randn(rows * ddl.size(), 3, generator=g)
+    mine = slice(ddl.rank() * rows, (ddl.rank() + 1) * rows)
+    torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+    return x, y
+
+
+def test_parameters_added_or_unfrozen_after_wrapping_are_averaged():
+    model = make_model(seed=5)
+    extra = torch.nn.Parameter(torch.zeros(3))
+    model[2].bias.requires_grad_(False)
+    opt = dt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0))
+    opt.add_param_group({"params": [extra]})
+    model[2].bias.requires_grad_(True)
+    opt.zero_grad()
+    (model(torch.ones(1, 12)).sum() * (ddl.rank() + 1) + (extra * (ddl.rank() + 1)).sum()).backward()
+    opt.step()
+    mean = (ddl.size() + 1) / 2  # each rank's gradient was (rank + 1) x the same one
+    assert torch.allclose(extra.detach(), torch.full((3,), -mean))
+    assert torch.allclose(model[2].bias.detach(), make_model(seed=5)[2].bias.detach() - mean)
+    every = COMM.allgather(flat(model.parameters()))
+    for other in every[1:]:
+        np.testing.assert_array_equal(other, every[0])
+
+
+def test_sparse_gradients_are_averaged_and_stay_sparse():
+    torch.manual_seed(11)
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    start = emb.weight.detach().clone()
+    opt = dt.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=1.0))
+    opt.zero_grad()
+    emb(torch.tensor([ddl.rank() % 10, 9])).sum().backward()
+    opt.synchronize()
+    assert emb.weight.grad.is_sparse
+    want = torch.zeros(10, 4)
+    for r in range(ddl.size()):
+        want[r % 10] += 1.0 / ddl.size()
+    want[9] += 1.0
+    assert torch.allclose(emb.weight.grad.to_dense(), want)
+    opt.step()
+    assert torch.allclose(emb.weight.detach(), start - want)
+
+
+def test_a_parameter_no_rank_used_keeps_no_gradient_and_does_not_move():
+    model = make_model(seed=3)
+    unused = torch.nn.Parameter(torch.ones(2))
+    opt = dt.DistributedOptimizer(torch.optim.SGD([*model.parameters(), unused], lr=0.1, momentum=0.9,
+                                                  weight_decay=0.5))
+    for step in range(2):
+        opt.zero_grad()
+        shard_step(model, opt, seed=step)
+        opt.step()
+    assert unused.grad is None
+    assert torch.equal(unused.detach(), torch.ones(2))
+
+
+def test_synchronize_then_step_averages_once_and_skip_synchronize_skips(monkeypatch):
+    model = make_model(seed=3)
+    opt = dt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), threshold=1 << 30, overlap=False)
+    calls = count_collectives(monkeypatch)
+    opt.zero_grad()
+    shard_step(model, opt, seed=1)
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    assert len(calls) == 1  # one fused buffer, averaged once
+    opt.zero_grad()
+    shard_step(model, opt, seed=2)
+    opt.synchronize()
+    with opt.skip_synchronize():
+        opt.step()
+    ddl.barrier()
+    assert len(calls) == 2
+
+
+def test_buffers_start_during_backward_and_training_matches_one_process():
+    p, r = ddl.size(), ddl.rank()
+    reference = make_model(seed=1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    model = make_model(seed=1)
+    opt = dt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), threshold=64)
+    averaging = opt._ddl_averaging
+    for step in range(3):
+        opt.zero_grad()
+        x, y = shard_step(model, opt, seed=step)
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(x), y).backward()  # one process, the whole global batch
+        ref_opt.step()
+        assert averaging.buckets.next == len(averaging.buckets.buckets) > 1  # all started before step()
+        opt.step()
+    np.testing.assert_allclose(flat(model.parameters()), flat(reference.parameters()), rtol=1e-5, atol=1e-6)
+
+
+def test_backward_passes_per_step_accumulates_then_averages_once(monkeypatch):
+    p = ddl.size()
+    reference = make_model(seed=2)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(4 * p, 12, generator=g), torch.randn(4 * p, 3, generator=g)
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    ref_opt.step()
+    model = make_model(seed=2)
+    opt = dt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), backward_passes_per_step=2,
+                                  threshold=1 << 30)
+    calls = count_collectives(monkeypatch)
+    opt.zero_grad()
+    mine = torch.arange(ddl.rank() * 4, ddl.rank() * 4 + 4)
+    for k, half in enumerate((mine[:2], mine[2:])):  # two passes of half this rank's rows
+        (torch.nn.functional.mse_loss(model(x[half]), y[half]) / 2).backward()
+        if k == 0:
+            assert opt._ddl_averaging.buckets.next == 0  # nothing started after the first pass
+    assert opt._ddl_averaging.buckets.next == 1  # started by the second, during backward
+    opt.step()
+    ddl.barrier()
+    assert len(calls) == 1
+    np.testing.assert_allclose(flat(model.parameters()), flat(reference.parameters()), rtol=1e-5, atol=1e-6)
