@@ -194,7 +194,6 @@ def test_synchronize_then_step_averages_once_and_skip_synchronize_skips(monkeypa
 
 
 def test_buffers_start_during_backward_and_training_matches_one_process():
-    p, r = ddl.size(), ddl.rank()
     reference = make_model(seed=1)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     model = make_model(seed=1)
