@@ -161,3 +161,34 @@ def test_a_new_group_has_its_own_communicator():
     dist.barrier()
     assert np.isfinite(t.numpy()).all()
     assert ddl.size() == P  # ddl's world is untouched
+
+
+def test_join_with_uneven_inputs_equals_one_process_on_what_was_fed():
+    from torch.distributed.algorithms.join import Join
+
+    batches_of = [2 + r for r in range(P)]  # rank r feeds 2 + r batches of 2 rows
+    g = torch.Generator().manual_seed(9)
+    data = [[(torch.randn(2, 6, generator=g), torch.randn(2, 2, generator=g)) for _ in range(2 + r)] for r in range(P)]
+    ddp = DDP(make_model(0))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    with Join([ddp]):
+        for x, y in data[R]:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+    # DDP's Join: at step k the ranks still feeding average their gradients with zeros from the joined ones
+    model = make_model(0)
+    ref = torch.optim.SGD(model.parameters(), lr=0.1)
+    for k in range(max(batches_of)):
+        ref.zero_grad()
+        grads = []
+        for r in range(P):
+            model.zero_grad()
+            if k < batches_of[r]:
+                torch.nn.functional.mse_loss(model(data[r][k][0]), data[r][k][1]).backward()
+                grads.append([p.grad.clone() for p in model.parameters()])
+        for p, parts in zip(model.parameters(), zip(*grads)):
+            p.grad = sum(parts) / P
+        ref.step()
+    for got, want in zip(ddp.module.parameters(), model.parameters()):
+        assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
