@@ -7,10 +7,12 @@ nodes of a rack together), or placed as a rankfile says. Every rank gets:
   aisle x aisles, where the placement has such a shape) and the user's ``--ddloption`` text;
 - ``DDL_HOST_LIST``: ``host:0,1;host2:2,3`` (each host's ranks, as IBM's ddlrun published it);
 - through ddl.runner.rankenv, which starts the program: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, one GPU per
-  rank by local rank (CUDA_VISIBLE_DEVICES) where there are GPUs, and its own log files with --output-filename.
+  rank by local rank (CUDA_VISIBLE_DEVICES) where there are GPUs, and its own log files with --output-filename;
+- the user's exportable variables (``exportable``), and MASTER_PORT free on rank 0's host where that is here.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from . import mpirun
@@ -18,7 +20,13 @@ from .. import options
 from ..errors import DDLError
 from .hosts import LOCAL_NAMES, Host
 
-FORWARDED = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "KERAS_BACKEND")
+# Every exportable variable of the user travels to the ranks (as horovodrun does), but not the launcher's own
+# (MPI's, the shell's, this session's): those describe this process, not the job.
+NOT_FORWARDED = {"HOSTNAME", "HOST", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "DISPLAY", "SHELL", "PS1", "TMUX",
+                 "HOME", "USER", "LOGNAME", "MAIL"}  # the remote login sets these itself
+NOT_FORWARDED_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "HYDRA_", "BASH_FUNC_", "SSH_", "SLURM_", "LSB_",
+                          "PBS_", "XDG_")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TIERS = ("ranks per node", "nodes per rack", "racks per aisle", "aisles")
 
 
@@ -35,6 +43,7 @@ class Machine:
     root: bool
     python: str
     environ: dict = field(default_factory=dict)
+    free_port: int = 0                      # a TCP port free on this machine (0: none looked for)
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,12 @@ def host_list(rank_hosts: list[str]) -> str:
     return ";".join(f"{h}:{','.join(map(str, rs))}" for h, rs in ranks.items())
 
 
+def exportable(environ: dict, ours: set = frozenset()) -> list[str]:
+    """The user's variables every rank gets, sorted: all that can be exported but the launcher's own."""
+    return sorted(n for n in environ if _NAME.fullmatch(n) and n not in ours and n not in NOT_FORWARDED
+                  and not n.startswith(NOT_FORWARDED_PREFIXES))
+
+
 def plan(req: Request, here: Machine) -> Launch:
     if not req.program:
         raise LaunchError("no program given")
@@ -147,9 +162,11 @@ def plan(req: Request, here: Machine) -> Launch:
         settings["DDL_BIND_GPU"] = "1"
     if req.output_dir:
         settings["DDL_OUTPUT_DIR"] = req.output_dir
+    if "MASTER_PORT" not in here.environ and here.free_port and rank_hosts[0] in (here.hostname, *LOCAL_NAMES):
+        # torch's TCP store listens on rank 0's host: a port found free there, not a fixed 29500 two jobs share
+        settings["MASTER_PORT"] = str(here.free_port)
     ours = set(settings)
-    forward = [n for n in FORWARDED if n in here.environ]
-    forward += sorted(n for n in here.environ if n.startswith("DDL_") and n not in ours)
+    forward = exportable(here.environ, ours)
     job = mpirun.Job([here.python, "-m", "ddl.runner.rankenv", *req.program], len(rank_hosts),
                      None if local else rank_hosts, set_env=settings, forward=tuple(forward), agent=req.agent,
                      iface=req.iface, tcp=req.tcp or req.agent is not None, mpiargs=tuple(req.mpiargs))

@@ -1,7 +1,8 @@
 """Starts one rank's program: ddlrun launches ``python -m ddl.runner.rankenv PROGRAM [ARGS]`` as every MPI rank.
 
 It gives the program the variables torchrun users expect (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-GROUP_RANK = the host's index, MASTER_ADDR/MASTER_PORT where unset), taken from MPI's launcher and ddlrun's
+GROUP_RANK = the host's index, MASTER_ADDR/MASTER_PORT where unset, OMP_NUM_THREADS=1 where a host runs several
+ranks and it is unset), taken from MPI's launcher and ddlrun's
 placement (DDL_HOST_LIST); one GPU by local rank (CUDA_VISIBLE_DEVICES) where ddlrun says so (DDL_BIND_GPU);
 its own log files (DDL_OUTPUT_DIR/rank.N/stdout and stderr). The program runs as a child, so that a failure
 is reported with the rank and host it happened on; signals from the launcher are passed on to it.
@@ -45,6 +46,8 @@ def rank_variables(environ) -> dict[str, str]:
         out.pop("MASTER_ADDR", None)
     elif "MASTER_ADDR" in out:
         out["MASTER_PORT"] = environ.get("MASTER_PORT") or MASTER_PORT
+    if int(out["LOCAL_WORLD_SIZE"]) > 1 and not environ.get("OMP_NUM_THREADS"):
+        out["OMP_NUM_THREADS"] = "1"  # ranks sharing a host would each start a thread per core (torch, numpy)
     if environ.get("DDL_BIND_GPU") == "1":
         visible = [d for d in (environ.get("CUDA_VISIBLE_DEVICES") or "").split(",") if d]
         local = int(out["LOCAL_RANK"])

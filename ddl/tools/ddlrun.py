@@ -40,6 +40,7 @@ from .cli import Parser, one_line_errors
 
 USAGE_ERROR = 2
 CHECK_FAILED = 3
+SCHEDULER_JOBS = ("SLURM_JOB_ID", "LSB_JOBID", "PBS_JOBID")  # inside an allocation: no ssh pre-checks
 
 
 def _positive(text: str) -> int:
@@ -120,7 +121,27 @@ def _machine() -> launch.Machine:
 
     return launch.Machine(hostname=socket.gethostname(), cores=os.cpu_count() or 1,
                           gpus=len(discover.nvml_gpus()), root=os.geteuid() == 0, python=sys.executable,
-                          environ=dict(os.environ))
+                          environ=dict(os.environ), free_port=_free_port())
+
+
+def checks_skipped(args, environ) -> str | None:
+    """Why the ssh pre-launch checks do not run, or None when they do."""
+    if args.skipchecks:
+        return "--skipchecks"
+    if args.rankfile:
+        return "a rankfile gives the placement"
+    allocation = next((v for v in SCHEDULER_JOBS if environ.get(v)), None)
+    if allocation:
+        return (f"inside a scheduler's allocation ({allocation}): the scheduler checked the hosts, and many "
+                f"sites block ssh between nodes")
+    return None
+
+
+def _free_port() -> int:
+    """A TCP port nothing listens on here now (the kernel's pick), for torch's store on rank 0's host."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def _hosts(args) -> tuple[str, list[hostlib.Host] | None, list[str] | None]:
@@ -224,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         p, cmd, env = _prepare(args, program, source, hosts, rank_hosts, here)
         if args.dry_run:
             return 0
-        if p.remote and not (args.skipchecks or args.rankfile):
+        skip = checks_skipped(args, os.environ)
+        if p.remote and skip and args.verbose:
+            _say(f"pre-launch checks skipped: {skip}")
+        if p.remote and not skip:
             local = {here.hostname, *hostlib.LOCAL_NAMES}
             if not _run_checks(p.rank_hosts, prelaunch.ssh_command(), here.python, local, args.verbose):
                 return CHECK_FAILED

@@ -1,5 +1,7 @@
 """ddlrun's command building: placement, DDL_OPTIONS, DDL_HOST_LIST and the exact command lines for Open MPI
 and MPICH, across flags and schedulers. Pure: the machine is described, the MPI flavour mocked, nothing runs."""
+from dataclasses import replace
+
 import pytest
 
 from ddl.tools import ddlrun
@@ -32,7 +34,7 @@ def test_two_hosts_of_four_gpus_exact_command_lines():
     assert cmds["openmpi"] == ([
         "/v/bin/mpiexec", "-n", "8", "--host", "n1,n1,n1,n1,n2,n2,n2,n2", "--map-by", "seq", "--bind-to", "none",
         "-x", f"DDL_OPTIONS={opts}", "-x", f"DDL_HOST_LIST={hl}", "-x", "DDL_BIND_GPU=1",
-        "-x", "PATH", "-x", "VIRTUAL_ENV", "-x", "DDL_ALGO", *SHIM, "python", "train.py"], {})
+        "-x", "DDL_ALGO", "-x", "PATH", "-x", "VIRTUAL_ENV", *SHIM, "python", "train.py"], {})
     assert cmds["mpich"] == ([
         "/v/bin/mpiexec", "-hosts", "n1:4,n2:4", "-n", "8", "-genv", "DDL_OPTIONS", opts,
         "-genv", "DDL_HOST_LIST", hl, "-genv", "DDL_BIND_GPU", "1", *SHIM, "python", "train.py"], {})
@@ -245,3 +247,27 @@ def test_ddlruns_dims_keep_discovery_and_other_dims_override_it():
     assert topology is None and tree == [0, 1, 2, 3]
     tree, topology = _tree_for("r:2x2", ["a", "b", "a", "b"])  # round-robin hosts, packed dims: dims win
     assert topology is None and tree == [[0, 1], [2, 3]]
+
+
+def test_every_exportable_user_variable_travels_but_the_launchers_own():
+    env = {"PATH": "/b", "MY_DATA": "/d", "NCCL_DEBUG": "INFO", "HOME": "/h", "OMPI_COMM_WORLD_RANK": "0",
+           "SLURM_JOB_ID": "7", "BASH_FUNC_x%%": "() {}", "PWD": "/w", "bad-name": "1", "DDL_TIMEOUT": "9"}
+    job = launch.plan(Request(["p"], np=2), Machine("h", 2, 0, False, PY, env)).job
+    assert job.forward == ("DDL_TIMEOUT", "MY_DATA", "NCCL_DEBUG", "PATH")
+
+
+def test_master_port_is_one_found_free_when_rank_0_runs_here():
+    here = Machine("h", 2, 0, False, PY, {"PATH": "/b"}, free_port=40123)
+    assert launch.plan(Request(["p"], np=2), here).job.set_env["MASTER_PORT"] == "40123"
+    users = Machine("h", 2, 0, False, PY, {"MASTER_PORT": "1234"}, free_port=40123)
+    assert "MASTER_PORT" not in launch.plan(Request(["p"], np=2), users).job.set_env  # the user's travels instead
+    remote = launch.plan(Request(["p"], hosts=[Host("n1"), Host("n2")]), replace(here, gpus=1)).job
+    assert "MASTER_PORT" not in remote.set_env  # rank 0 elsewhere: rankenv's default
+
+
+@pytest.mark.parametrize("variable", ddlrun.SCHEDULER_JOBS)
+def test_no_ssh_checks_inside_a_schedulers_allocation(variable):
+    args = ddlrun._parser().parse_args(["-H", "n1,n2"])
+    assert ddlrun.checks_skipped(args, {}) is None
+    assert variable in ddlrun.checks_skipped(args, {variable: "42"})
+    assert ddlrun.checks_skipped(ddlrun._parser().parse_args(["-s"]), {}) == "--skipchecks"
