@@ -172,9 +172,9 @@ class Runner:
             out[...] = ddl.allgather(mine)
 
 
-def _gloo_group(comm):
-    """torch.distributed's gloo group over the ranks of ``comm`` (rendezvous at rank 0's address on the
-    interface DDL_BENCH_IFACE, default eth0 when there is one, else loopback); returns an allreduce."""
+def init_gloo(comm) -> None:
+    """torch.distributed's default group on gloo over the ranks of ``comm`` (rendezvous at rank 0's address on
+    the interface DDL_BENCH_IFACE, default eth0 when there is one, else loopback)."""
     import socket
 
     import torch
@@ -194,6 +194,14 @@ def _gloo_group(comm):
     os.environ["GLOO_SOCKET_IFNAME"] = iface
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size)
+
+
+def _gloo_group(comm):
+    """gloo's allreduce over the ranks of ``comm`` (init_gloo)."""
+    import torch
+    import torch.distributed as dist
+
+    init_gloo(comm)
     ops = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
            "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 

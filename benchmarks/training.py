@@ -1,0 +1,114 @@
+"""Training steps on the emulated clusters (issue 16's benchmark), as root:
+
+    python benchmarks/training.py                       # T1 and T2, 8 ranks, 10 alternating steps each
+
+Runs benchmarks/training_job.py on each topology: one step at a time of a model with ResNet-50's gradient sizes
+(161 tensors, ~102 MB), its backward an emulated accelerator sized so compute = communication, under DDP on
+"ddl", DDP on gloo, ddl.torch.DistributedOptimizer with overlap and without. Writes
+benchmarks/results/training.md (and .json): step times (medians of the alternating runs), the communication
+alone beside its lower bound, how much of it overlap hid, and a lone 64 MiB allreduce blocking against
+asynchronous; checks the targets.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+JOB = HERE / "training_job.py"
+LABELS = {"ddp-ddl": "DDP on ddl", "ddp-gloo": "DDP on gloo", "opt-overlap": "ddl DistributedOptimizer, overlap",
+          "opt-blocking": "ddl DistributedOptimizer, no overlap"}
+
+
+def run(name: str, steps: int, workdir_out: Path) -> dict:
+    from ddl.cluster import Cluster
+    from ddl.cluster import spec as emulate
+
+    t = emulate.topology(name)
+    with Cluster(t) as cluster:
+        out = cluster.workdir / "training.json"
+        done = cluster.mpirun([sys.executable, str(JOB), "--steps", str(steps), "--out", str(out)], timeout=1800,
+                              quiet=True, capture=True)
+        if done.returncode:
+            raise RuntimeError(f"{name}: the job failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
+                               f"{done.stderr[-3000:]}")
+        result = json.loads(out.read_text())
+    from ddl import planner
+
+    tree, levels = t.hierarchy(t.place(None, t.capacity()))
+    result["bound"] = planner.lower_bound(planner.Shape.of(tree), levels, result["bytes"])[0]
+    result["topology"] = name
+    return result
+
+
+def summarize(r: dict) -> dict:
+    med = {c: statistics.median(v) for c, v in r["steps"].items()}
+    comm, compute = statistics.median(r["comm"]), r["compute"]
+    hidden = (compute + comm - med["opt-overlap"]) / comm if "opt-overlap" in med else None
+    lone = {k: statistics.median(v) for k, v in r["lone_64mib"].items()}
+    return {"step": med, "comm": comm, "compute": compute, "hidden": hidden, "lone": lone,
+            "ddp_speedup": med["ddp-gloo"] / med["ddp-ddl"] if {"ddp-ddl", "ddp-gloo"} <= med.keys() else None}
+
+
+def report(results: list[dict], command: str, path: Path) -> list[tuple[str, bool, str]]:
+    lines = ["# Training steps on the emulated clusters", "",
+             f"Produced by `{command}` on {datetime.date.today()} ({platform.node()}, {os.cpu_count()} cores). "
+             "8 ranks; a model with ResNet-50's gradient sizes (161 tensors, ~102 MB float32) whose backward "
+             "waits, layer by layer, a time proportional to the layer's size with the CPU left free (an emulated "
+             "accelerator), the total set equal to the communication alone. Each configuration runs one step in "
+             "turn (rotating order); times are medians over the steps of the slowest rank's step.", "",
+             "| topology | configuration | step (ms) | runs |", "|:---|:---|---:|---:|"]
+    met = []
+    for r in results:
+        s = summarize(r)
+        for c, t in s["step"].items():
+            lines.append(f"| {r['topology']} | {LABELS[c]} | {t * 1e3:.0f} | {len(r['steps'][c])} |")
+    lines += ["", "| topology | communication alone (ms) | its lower bound (ms) | compute (ms) | hidden by overlap "
+              "| DDP ddl vs gloo | lone 64 MiB: blocking / async (ms) |", "|:---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        s = summarize(r)
+        lines.append(f"| {r['topology']} | {s['comm'] * 1e3:.0f} | {r['bound'] * 1e3:.0f} | {s['compute'] * 1e3:.0f} | "
+                     f"{s['hidden']:.0%} | {s['ddp_speedup']:.2f}x | {s['lone']['blocking'] * 1e3:.1f} / "
+                     f"{s['lone']['async'] * 1e3:.1f} |")
+        if r["topology"] == "T2":
+            met.append(("DDP on ddl >= 1.3x faster per step than DDP on gloo (T2)", s["ddp_speedup"] >= 1.3,
+                        f"{s['ddp_speedup']:.2f}x"))
+        met.append((f"overlap hides >= 50% of the communication ({r['topology']})", s["hidden"] >= 0.5,
+                    f"{s['hidden']:.0%}"))
+        ratio = s["lone"]["async"] / s["lone"]["blocking"]
+        met.append((f"asynchronous lone 64 MiB allreduce within 5% of blocking ({r['topology']})", ratio <= 1.05,
+                    f"{ratio:.3f}x"))
+    lines += ["", "## Targets", "", "| target | met | measured |", "|:---|:---|:---|"]
+    lines += [f"| {t} | {'yes' if ok else '**no**'} | {m} |" for t, ok, m in met]
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    path.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    return met
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--topologies", default="T1,T2")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--out", default=str(HERE / "results" / "training"))
+    args = ap.parse_args(argv)
+    from ddl import cluster
+
+    why = cluster.available()
+    if why:
+        print(f"benchmarks/training.py: {why}", file=sys.stderr)
+        return 2
+    command = "python benchmarks/training.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    results = [run(name, args.steps, Path(args.out)) for name in args.topologies.split(",")]
+    met = report(results, command.strip(), Path(args.out))
+    print(Path(args.out).with_suffix(".md").read_text())
+    return 0 if all(ok for _, ok, _ in met) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
