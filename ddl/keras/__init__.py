@@ -82,7 +82,8 @@ def keep_gradient_buffers(model) -> None:
 
 def DistributedOptimizer(optimizer, threshold: int | None = None):
     """Makes ``optimizer`` (a keras.optimizers.Optimizer) average gradients across ranks before every update,
-    in fused buffers of at most ``threshold`` bytes (default DDL_FUSION_BYTES); returns it."""
+    in fused buffers of at most ``threshold`` bytes (default DDL_FUSION_BYTES); returns it. With
+    ``gradient_accumulation_steps`` it averages once per update, not at every micro-step."""
     if keras.backend.backend() == "jax":
         raise DDLError(f"rank {ddl.rank()}: ddl.keras cannot average gradients on the jax backend (its train "
                        "step is compiled end to end); use KERAS_BACKEND=torch")
@@ -94,6 +95,18 @@ def DistributedOptimizer(optimizer, threshold: int | None = None):
     def apply(grads, trainable_variables=None):
         variables = list(trainable_variables if trainable_variables is not None else optimizer._trainable_variables)
         grads = list(grads)
+        steps = getattr(optimizer, "gradient_accumulation_steps", None)
+        if steps:
+            # Keras adds each micro-step's gradients to local accumulators and updates every `steps` calls with
+            # (gradients + accumulators) / steps: averaging is linear, so averaging both on the update step
+            # alone (one fused allreduce) gives the same update as averaging every micro-step.
+            if (int(optimizer._iterations) + 1) % steps:
+                return original(grads, trainable_variables)
+            accumulators = [optimizer._accumulated_gradients[optimizer._get_variable_index(v)] for v in variables]
+            both = average_gradients(grads + [a.value for a in accumulators], variables + accumulators, threshold)
+            for a, value in zip(accumulators, both[len(grads):]):
+                a.assign(value)
+            return original(both[:len(grads)], trainable_variables)
         averaged = _buffered_average(buffers, variables, grads, threshold) \
             if keras.backend.backend() == "torch" else None
         if averaged is None:

@@ -125,3 +125,19 @@ def test_warmup_sets_the_rate_at_every_step_of_training():
     epochs = [e + i / STEPS for e in range(3) for i in range(STEPS)]  # where each step starts
     expected = [0.4 * ((1 - min(1.0, e / 2)) / p + min(1.0, e / 2)) for e in epochs]
     np.testing.assert_allclose(seen, expected, rtol=1e-6)
+
+
+def test_gradient_accumulation_averages_once_per_update(monkeypatch):
+    p, r = ddl.size(), ddl.rank()
+    keras.utils.set_random_seed(2)
+    v = keras.Variable(np.zeros(5, np.float32))
+    opt = dk.DistributedOptimizer(keras.optimizers.SGD(1.0, gradient_accumulation_steps=2))
+    comm, calls = ddl.communicator(), []
+    original = comm.allreduce
+    monkeypatch.setattr(comm, "allreduce", lambda *a, **k: (calls.append(1), original(*a, **k))[1])
+    opt.apply([keras.ops.full((5,), float(r + 1))], [v])          # a micro-step: accumulated locally
+    assert calls == [] and np.all(keras.ops.convert_to_numpy(v) == 0)
+    opt.apply([keras.ops.full((5,), 2.0 * (r + 1))], [v])         # the update: one allreduce
+    assert len(calls) == 1
+    # the update of one process on the global batch: the mean over ranks of (g1 + g2) / 2
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(v), -1.5 * (p + 1) / 2, rtol=1e-6)
