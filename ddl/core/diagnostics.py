@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import DDLError
 from .dtypes import FLOATING
-from .timeline import PHASE_ORDER, where
+from .timeline import phase_key, where
 
 
 def check_against_mpi(mpi_comm, rank: int, size: int, tolerance: float, original: np.ndarray, result: np.ndarray,
@@ -53,14 +53,10 @@ class CallTimer:
             return []
         lines = [f"[ddl] iter {self.calls}: allreduce {self.seconds / self.every * 1e6:.1f} us per call "
                  f"over the last {self.every} (last {nbytes} bytes)"]
-        for (level, phase), t in sorted(self.phases.items(), key=_phase_order):
+        for (level, phase), t in sorted(self.phases.items(), key=lambda item: phase_key(*item[0])):
             lines.append(f"[ddl]   {where(level, self.names):<20} {phase:<18} {t / self.every * 1e6:10.1f} us per call")
         if self.rank == 0:
             print("\n".join(lines), file=sys.stderr)
         self.seconds, self.phases = 0.0, {}
         return lines
 
-
-def _phase_order(item) -> tuple:
-    (level, phase), _ = item
-    return PHASE_ORDER.get(phase, 3), -level if phase == "allgather" else level, phase

@@ -20,6 +20,12 @@ PHASE_ORDER = {"agreement": -1, "agreement + data": -1, "reduce-scatter": 0, "al
                "recursive doubling": 1, "allgather": 2}
 
 
+def phase_key(level: int, phase: str) -> tuple:
+    """How phases are listed: the agreement, reduce-scatters innermost first, the top, allgathers outermost
+    first (the order a call runs them)."""
+    return PHASE_ORDER.get(phase, 3), -level if phase == "allgather" else level, phase
+
+
 @dataclass
 class Event:
     level: int
@@ -147,8 +153,7 @@ def chrome_trace(parts: list[dict]) -> dict:
                     ends.append(e.end)
                 ends[lane] = e.end
                 placed.append(((e.level, e.phase, lane), e, call))
-        keys = sorted({k for k, _, _ in placed},
-                      key=lambda k: (PHASE_ORDER.get(k[1], 3), -k[0] if k[1] == "allgather" else k[0], k[2], k[1]))
+        keys = sorted({k for k, _, _ in placed}, key=lambda k: (phase_key(k[0], k[1]), k[2]))
         tid = {k: i + 1 for i, k in enumerate(keys)}
         out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "calls"}})
         for k, t in tid.items():

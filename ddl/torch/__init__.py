@@ -49,14 +49,15 @@ def allreduce(tensor: torch.Tensor, op: str = "avg") -> torch.Tensor:
     return allreduce_(tensor.detach().clone(), op)
 
 
-def allreduce_(tensor: torch.Tensor, op: str = "avg") -> torch.Tensor:
-    """Reduces ``tensor`` in place across ranks; returns it."""
+def allreduce_(tensor: torch.Tensor, op: str = "avg", comm=None) -> torch.Tensor:
+    """Reduces ``tensor`` in place across ranks (of ``comm``, default ddl's); returns it."""
+    comm = comm or ddl.communicator()
     if tensor.is_cuda:
         work = tensor.detach() if tensor.is_contiguous() else tensor.detach().contiguous()
-        ddl.communicator().allreduce(work, op, out=work)
+        comm.allreduce(work, op, out=work)
         return tensor if work.data_ptr() == tensor.data_ptr() else _copy_into(tensor, work)
     values, shared = _host_view(tensor)
-    ddl.communicator().allreduce(values, op, out=values)
+    comm.allreduce(values, op, out=values)
     return _write_back(tensor, values, shared)
 
 
@@ -65,13 +66,13 @@ def broadcast(tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
     return broadcast_(tensor.detach().clone(), root)
 
 
-def broadcast_(tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
-    """Overwrites ``tensor`` with root's values; returns it."""
+def broadcast_(tensor: torch.Tensor, root: int = 0, comm=None) -> torch.Tensor:
+    """Overwrites ``tensor`` with root's values (of ``comm``, default ddl's); returns it."""
+    comm = comm or ddl.communicator()
     if tensor.is_cuda:
-        return _copy_into(tensor, ddl.communicator().broadcast(tensor.detach().contiguous(), root))
+        return _copy_into(tensor, comm.broadcast(tensor.detach().contiguous(), root))
     values, _ = _host_view(tensor)
-    result = ddl.communicator().broadcast(values, root)
-    return _write_back(tensor, result, False)
+    return _write_back(tensor, comm.broadcast(values, root), False)
 
 
 def allgather(tensor: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,8 @@ from torch._C._distributed_c10d import _create_work_from_future
 import ddl
 from ddl.errors import DDLError
 
+from . import _host_view, allreduce_, broadcast_  # ddl.torch imports this module after defining them
+
 NAME = "ddl"
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "prod",
         dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max"}
@@ -78,7 +80,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         op = _op(opts) if opts is not None else "sum"
         _check(tensors, "allreduce")
-        return self._submit("allreduce", lambda: [_reduce_in_place(self.comm, t, op) for t in tensors], tensors)
+        return self._submit("allreduce", lambda: [allreduce_(t, op, self.comm) for t in tensors], tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -86,7 +88,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
     def broadcast(self, tensors, opts):
         _check(tensors, "broadcast")
         root = opts.rootRank
-        return self._submit("broadcast", lambda: [_broadcast_in_place(self.comm, t, root) for t in tensors],
+        return self._submit("broadcast", lambda: [broadcast_(t, root, self.comm) for t in tensors],
                             tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
@@ -114,7 +116,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         def run():
             for out, parts in zip(outputs, input_lists):
                 whole = torch.cat([p.reshape(-1) for p in parts])
-                _reduce_in_place(self.comm, whole, op)
+                allreduce_(whole, op, self.comm)
                 n = out.numel()
                 out.copy_(whole[self.rank() * n:(self.rank() + 1) * n].reshape(out.shape))
 
@@ -126,7 +128,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         def run():
             whole = input.detach().reshape(-1).clone()
-            _reduce_in_place(self.comm, whole, op)
+            allreduce_(whole, op, self.comm)
             n = output.numel()
             output.copy_(whole[self.rank() * n:(self.rank() + 1) * n].reshape(output.shape))
 
@@ -138,24 +140,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
         return self._submit("barrier", self.comm.barrier, [])
 
 
-def _reduce_in_place(comm, t: torch.Tensor, op: str) -> None:
-    from . import _host_view, _write_back
-
-    values, shared = _host_view(t)
-    comm.allreduce(values, op, out=values)
-    _write_back(t, values, shared)
-
-
-def _broadcast_in_place(comm, t: torch.Tensor, root: int) -> None:
-    from . import _host_view, _write_back
-
-    _write_back(t, comm.broadcast(_host_view(t)[0], root), False)
-
-
 def _gather(comm, t: torch.Tensor) -> torch.Tensor:
     """Every rank's ``t`` (same shape everywhere), stacked: (size, *t.shape)."""
-    from . import _host_view
-
     values = _host_view(t)[0].reshape(1, -1)
     out = torch.from_numpy(comm.allgather(values)).to(t.dtype)
     return out.reshape(comm.size, *t.shape)
