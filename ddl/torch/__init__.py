@@ -24,7 +24,7 @@ from ..core import fusion
 
 __all__ = ["allreduce", "allreduce_", "broadcast", "broadcast_", "allgather", "broadcast_parameters",
            "broadcast_object", "broadcast_optimizer_state", "DistributedOptimizer", "average_gradients",
-           "init_process_group", "GradientBuckets"]
+           "init_process_group", "GradientBuckets", "Compression"]
 
 
 def _host_view(tensor: torch.Tensor) -> tuple[np.ndarray, bool]:
@@ -159,6 +159,7 @@ def _average_on_device(grads: list[torch.Tensor], threshold: int | None) -> None
             _copy_into(grads[i], values)
 
 
+from .compression import Compression  # noqa: E402
 from .optimizer import DistributedOptimizer, GradientBuckets  # noqa: E402 (they use the helpers above)
 
 

@@ -18,6 +18,7 @@ import torch
 import ddl
 
 from ..core import fusion
+from .compression import Compression, Compressor, check, wire_array
 
 
 def _flat_buffer(like: torch.Tensor, count: int) -> torch.Tensor:
@@ -43,6 +44,7 @@ class _Bucket:
         self.sparse = [False] * len(params)
         self.fired = 0
         self.handle = None
+        self.wire = self.flat  # what travels: the buffer, or its compressed copy
 
     def stage(self, used: set[int]) -> None:
         """Gradients into the buffer (those not already its views), flags from ``used`` (ids of parameters
@@ -59,18 +61,22 @@ class _Bucket:
                     view.copy_(g.to_dense() if g.is_sparse else g)
                 self.flags[i] = 1 if mine else 0
 
-    def start(self, op: str) -> None:
-        values = self.flat if self.flat.is_cuda else self.flat.numpy()
-        if self.flat.is_cuda:  # GPU arrays follow their stream with the blocking call
-            ddl.communicator().allreduce(values, op, out=values)
+    def start(self, op: str, compression: type[Compressor]) -> None:
+        self.wire, self.ctx = compression.compress(self.flat)
+        if self.wire.is_cuda:  # GPU arrays follow their stream with the blocking call
+            ddl.communicator().allreduce(self.wire, op, out=self.wire)
         else:
+            values = wire_array(self.wire)
             self.handle = ddl.communicator().allreduce_async(values, op, out=values)
 
-    def finish(self) -> None:
+    def finish(self, compression: type[Compressor]) -> None:
         if self.handle is not None:
             self.handle.wait()
             self.handle = None
         with torch.no_grad():
+            if self.wire is not self.flat:
+                self.flat.copy_(compression.decompress(self.wire, self.ctx))
+                self.wire = self.flat
             for i, (p, view) in enumerate(zip(self.params, self.views)):
                 if float(self.flags[i]) <= 0:  # no rank produced a gradient: it stays None
                     p.grad = None
@@ -84,8 +90,9 @@ class GradientBuckets:
     reverse parameter order: the order backward produces them). Averaging is one in-place allreduce per
     buffer; ``start``/``finish`` split it so buffers can go while backward still runs."""
 
-    def __init__(self, params: list[torch.Tensor], threshold: int | None = None, op: str = "avg"):
-        self.params, self.op = params, op
+    def __init__(self, params: list[torch.Tensor], threshold: int | None = None, op: str = "avg",
+                 compression: type[Compressor] = Compression.none):
+        self.params, self.op, self.compression = params, op, check(compression)
         order = list(reversed(params))
         sizes = [p.numel() * p.element_size() for p in order]
         keys = [f"{p.dtype}@{p.device}" for p in order]
@@ -108,14 +115,14 @@ class GradientBuckets:
 
     def _start(self, bucket: _Bucket, used: set[int]) -> None:
         bucket.stage(used)
-        bucket.start(self.op)
+        bucket.start(self.op, self.compression)
         self.next += 1
 
     def finish(self, used: set[int]) -> None:
         for b in self.buckets[self.next:]:
             self._start(b, used)
         for b in self.buckets:
-            b.finish()
+            b.finish(self.compression)
         self.next = 0
 
     def average(self, used: set[int] | None = None) -> None:
@@ -126,8 +133,10 @@ class GradientBuckets:
 class _Averaging:
     """What DistributedOptimizer adds to one optimizer."""
 
-    def __init__(self, optimizer, op: str, threshold: int | None, passes: int, overlap: bool):
+    def __init__(self, optimizer, op: str, threshold: int | None, passes: int, overlap: bool,
+                 compression: type[Compressor]):
         self.optimizer, self.op, self.threshold, self.passes, self.overlap = optimizer, op, threshold, passes, overlap
+        self.compression = compression
         self.params: list[torch.Tensor] = []
         self.ids: set[int] = set()
         self.buckets: GradientBuckets | None = None
@@ -149,7 +158,8 @@ class _Averaging:
         for h in self.hooks:
             h.remove()
         self.params, self.ids = now, {id(p) for p in now}
-        self.buckets = GradientBuckets([p for p in now if GradientBuckets.fits(p)], self.threshold, self.op)
+        self.buckets = GradientBuckets([p for p in now if GradientBuckets.fits(p)], self.threshold, self.op,
+                                       self.compression)
         self.others = [p for p in now if not GradientBuckets.fits(p)]
         self.hooks = [p.register_post_accumulate_grad_hook(self.on_gradient) for p in now]
 
@@ -182,11 +192,14 @@ class _Averaging:
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, op: str = "avg",
-                         backward_passes_per_step: int = 1, threshold: int | None = None, overlap: bool = True):
+                         backward_passes_per_step: int = 1, threshold: int | None = None, overlap: bool = True,
+                         compression: type[Compressor] = Compression.none):
     """Makes ``optimizer`` average (``op="avg"``; or ``"sum"``) the gradients across ranks, and returns it.
     Gradients live in fused buffers; with ``overlap`` each buffer's allreduce starts from backward as soon as
     its gradients are complete (in the order backward produces them), so ``step()`` mostly waits for the last.
-    ``backward_passes_per_step``: gradients accumulate over that many backward passes before the average.
+    ``compression``: ``Compression.fp16`` or ``.bf16`` sends floating-point gradients in that dtype (half the
+    bytes of float32; see ddl.torch.compression for the precision given up). ``backward_passes_per_step``:
+    gradients accumulate over that many backward passes before the average.
     ``synchronize()`` averages now (for clipping); a ``step()`` right after does not average again, nor does
     one inside ``skip_synchronize()``. It stays an instance of its own class (schedulers, state_dict and
     checkpoints work as before); ``zero_grad`` zeroes the buffers in place. ``named_parameters`` is accepted
@@ -198,7 +211,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     if backward_passes_per_step < 1:
         raise ddl.DDLError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
     base = type(optimizer)
-    averaging = _Averaging(optimizer, op, threshold, backward_passes_per_step, overlap)
+    averaging = _Averaging(optimizer, op, threshold, backward_passes_per_step, overlap, check(compression))
 
     def synchronize(self) -> None:
         averaging.synchronize()
