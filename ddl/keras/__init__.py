@@ -11,9 +11,10 @@ every update (in fused buffers, ddl.core.fusion), and rank 0's weights and optim
 each epoch's end DDLCallback replaces the metrics with their mean over ranks, so every rank (and History,
 and the progress bar, which come after it) sees global numbers.
 
-Backends: torch (tested). tensorflow: the averaging runs eagerly only (``model.compile(run_eagerly=True)``);
-untested. jax: not supported, its compiled train step never returns to Python between the gradients and the
-update; DistributedOptimizer says so.
+Backends: torch, and tensorflow (eager, or model.fit's compiled step, where the average is one py-function
+node; not under XLA, which DDLCallback turns off). jax: ddl cannot average its gradients, its compiled train
+step never returns to Python between the gradients and the update (DistributedOptimizer says so); Keras' own
+``keras.distribution.DataParallel`` runs under ddlrun instead, on JAX's collectives (README).
 """
 from __future__ import annotations
 
@@ -80,13 +81,77 @@ def keep_gradient_buffers(model) -> None:
     model._ddl_zero_grad = True
 
 
+def _in_graph() -> bool:
+    """Whether Keras is tracing a TensorFlow graph (model.fit's compiled train step) rather than running."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return not tf.executing_eagerly()
+
+
+def _average_in_graph(grads, variables, threshold: int | None) -> list:
+    """The TensorFlow graph's form of average_gradients: one stateful py-function node (so it runs every step,
+    in the graph's order, and is never pruned) that averages all the gradients in fused buffers. Sparse
+    gradients (IndexedSlices) travel dense. XLA cannot compile it: DDLCallback turns jit_compile off."""
+    import tensorflow as tf
+
+    dense = [tf.zeros(v.shape, v.dtype) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
+
+    def allreduce(*arrays):
+        return fusion.allreduce_arrays(list(arrays), "avg", threshold)
+
+    out = tf.numpy_function(allreduce, dense, [t.dtype for t in dense], stateful=True, name="ddl_allreduce")
+    for o, t in zip(out, dense):
+        o.set_shape(t.shape)
+    return list(out)
+
+
+def _average(grads, variables, threshold: int | None, buffers: dict | None = None) -> list:
+    if _in_graph():
+        return _average_in_graph(grads, variables, threshold)
+    averaged = _buffered_average(buffers, variables, grads, threshold) \
+        if buffers is not None and keras.backend.backend() == "torch" else None
+    return averaged if averaged is not None else average_gradients(grads, variables, threshold)
+
+
+def _average_on_update_step(optimizer, grads, variables, threshold: int | None) -> list:
+    """Under ``gradient_accumulation_steps`` Keras adds each micro-step's gradients to local accumulators and
+    updates every ``steps`` calls with (gradients + accumulators) / steps: averaging is linear, so averaging
+    both on the update step alone (one fused allreduce) gives the update that averaging every micro-step
+    would. Returns the gradients to apply; the accumulators are replaced by their averages."""
+    steps = optimizer.gradient_accumulation_steps
+    if not optimizer.built:  # the accumulators are made by build (Keras' apply builds on first use)
+        with keras.name_scope(optimizer.name, caller=optimizer):
+            optimizer.build(variables)
+    accumulators = [optimizer._accumulated_gradients[optimizer._get_variable_index(v)] for v in variables]
+    both = list(grads) + [a.value for a in accumulators]
+    if _in_graph():
+        import tensorflow as tf
+
+        update = tf.equal((optimizer._iterations + 1) % steps, 0)
+        dense = [tf.convert_to_tensor(g) for g in both]
+        both = tf.cond(update, lambda: _average_in_graph(dense, variables + accumulators, threshold),
+                       lambda: dense)
+    elif (int(optimizer._iterations) + 1) % steps:
+        return grads
+    else:
+        both = average_gradients(both, variables + accumulators, threshold)
+    for a, value in zip(accumulators, both[len(grads):]):
+        a.assign(value)
+    return both[:len(grads)]
+
+
 def DistributedOptimizer(optimizer, threshold: int | None = None):
     """Makes ``optimizer`` (a keras.optimizers.Optimizer) average gradients across ranks before every update,
     in fused buffers of at most ``threshold`` bytes (default DDL_FUSION_BYTES); returns it. With
-    ``gradient_accumulation_steps`` it averages once per update, not at every micro-step."""
+    ``gradient_accumulation_steps`` it averages once per update, not at every micro-step. On TensorFlow it
+    works eagerly and inside model.fit's compiled step (not under XLA: compile with ``jit_compile=False``,
+    which DDLCallback does for you)."""
     if keras.backend.backend() == "jax":
         raise DDLError(f"rank {ddl.rank()}: ddl.keras cannot average gradients on the jax backend (its train "
-                       "step is compiled end to end); use KERAS_BACKEND=torch")
+                       "step is compiled end to end, with no way back to ddl in between); use KERAS_BACKEND=torch "
+                       "or tensorflow, or Keras' own keras.distribution.DataParallel under ddlrun (README)")
     if getattr(optimizer, "_ddl_distributed", False):
         return optimizer
     original = optimizer.apply
@@ -95,27 +160,33 @@ def DistributedOptimizer(optimizer, threshold: int | None = None):
     def apply(grads, trainable_variables=None):
         variables = list(trainable_variables if trainable_variables is not None else optimizer._trainable_variables)
         grads = list(grads)
-        steps = getattr(optimizer, "gradient_accumulation_steps", None)
-        if steps:
-            # Keras adds each micro-step's gradients to local accumulators and updates every `steps` calls with
-            # (gradients + accumulators) / steps: averaging is linear, so averaging both on the update step
-            # alone (one fused allreduce) gives the same update as averaging every micro-step.
-            if (int(optimizer._iterations) + 1) % steps:
-                return original(grads, trainable_variables)
-            accumulators = [optimizer._accumulated_gradients[optimizer._get_variable_index(v)] for v in variables]
-            both = average_gradients(grads + [a.value for a in accumulators], variables + accumulators, threshold)
-            for a, value in zip(accumulators, both[len(grads):]):
-                a.assign(value)
-            return original(both[:len(grads)], trainable_variables)
-        averaged = _buffered_average(buffers, variables, grads, threshold) \
-            if keras.backend.backend() == "torch" else None
-        if averaged is None:
-            averaged = average_gradients(grads, variables, threshold)
+        if getattr(optimizer, "gradient_accumulation_steps", None):
+            averaged = _average_on_update_step(optimizer, grads, variables, threshold)
+        else:
+            averaged = _average(grads, variables, threshold, buffers)
         return original(averaged, trainable_variables)
 
     optimizer.apply = apply
     optimizer._ddl_distributed = True
     return optimizer
+
+
+def _prepare(model, threshold: int | None) -> None:
+    """What either callback does when training begins: the optimizer averages, the buffers stay, no XLA."""
+    DistributedOptimizer(model.optimizer, threshold)
+    keep_gradient_buffers(model)
+    _no_xla(model)
+
+
+def _no_xla(model) -> None:
+    """TensorFlow: ddl's allreduce is a py-function node, which XLA cannot compile; a model compiled with
+    jit_compile=True (Keras' default where there is a GPU) has its train step rebuilt without it."""
+    if keras.backend.backend() != "tensorflow" or not getattr(model, "jit_compile", False):
+        return
+    model.jit_compile = False
+    model.make_train_function(force=True)
+    if ddl.rank() == 0:
+        print("ddl: jit_compile turned off for training: XLA cannot compile ddl's allreduce (a py-function)")
 
 
 def broadcast_variables(variables, root: int = 0) -> None:
@@ -135,8 +206,7 @@ class DDLCallback(keras.callbacks.Callback):
         self.threshold = threshold
 
     def on_train_begin(self, logs=None):
-        DistributedOptimizer(self.model.optimizer, self.threshold)
-        keep_gradient_buffers(self.model)
+        _prepare(self.model, self.threshold)
 
     def on_epoch_end(self, epoch, logs=None):
         if not logs or ddl.size() == 1:
@@ -157,8 +227,7 @@ class DDLGlobalVariablesCallback(keras.callbacks.Callback):
         self.root, self.threshold = root, threshold
 
     def on_train_begin(self, logs=None):
-        DistributedOptimizer(self.model.optimizer, self.threshold)
-        keep_gradient_buffers(self.model)
+        _prepare(self.model, self.threshold)
         broadcast_variables(list(self.model.variables) + list(self.model.optimizer.variables), self.root)
 
 

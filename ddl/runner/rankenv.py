@@ -2,7 +2,8 @@
 
 It gives the program the variables torchrun users expect (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 GROUP_RANK = the host's index, MASTER_ADDR/MASTER_PORT where unset, OMP_NUM_THREADS=1 where a host runs several
-ranks and it is unset), taken from MPI's launcher and ddlrun's
+ranks and it is unset) and those keras.distribution.initialize() reads (KERAS_DISTRIBUTION_PROCESS_ID,
+_NUM_PROCESSES, _JOB_ADDRESSES = MASTER_ADDR:MASTER_PORT), taken from MPI's launcher and ddlrun's
 placement (DDL_HOST_LIST); one GPU by local rank (CUDA_VISIBLE_DEVICES) where ddlrun says so (DDL_BIND_GPU);
 its own log files (DDL_OUTPUT_DIR/rank.N/stdout and stderr). The program runs as a child, so that a failure
 is reported with the rank and host it happened on; signals from the launcher are passed on to it.
@@ -46,6 +47,7 @@ def rank_variables(environ) -> dict[str, str]:
         out.pop("MASTER_ADDR", None)
     elif "MASTER_ADDR" in out:
         out["MASTER_PORT"] = environ.get("MASTER_PORT") or MASTER_PORT
+    out.update(_keras_distribution(environ, out))
     if int(out["LOCAL_WORLD_SIZE"]) > 1 and not environ.get("OMP_NUM_THREADS"):
         out["OMP_NUM_THREADS"] = "1"  # ranks sharing a host would each start a thread per core (torch, numpy)
     if environ.get("DDL_BIND_GPU") == "1":
@@ -53,6 +55,17 @@ def rank_variables(environ) -> dict[str, str]:
         local = int(out["LOCAL_RANK"])
         out["CUDA_VISIBLE_DEVICES"] = visible[local % len(visible)] if visible else str(local)
     return out
+
+
+def _keras_distribution(environ, out: dict[str, str]) -> dict[str, str]:
+    """What ``keras.distribution.initialize()`` reads (Keras' own data parallelism on JAX: JAX's coordinator on
+    rank 0's host at MASTER_PORT, JAX's collectives, not ddl's), each where the user has not set it."""
+    address, port = environ.get("MASTER_ADDR") or out.get("MASTER_ADDR"), environ.get("MASTER_PORT") or out.get(
+        "MASTER_PORT")
+    wanted = {"KERAS_DISTRIBUTION_PROCESS_ID": out["RANK"], "KERAS_DISTRIBUTION_NUM_PROCESSES": out["WORLD_SIZE"]}
+    if address and port:
+        wanted["KERAS_DISTRIBUTION_JOB_ADDRESSES"] = f"{address}:{port}"
+    return {k: v for k, v in wanted.items() if not environ.get(k)}
 
 
 def _describe(status: int) -> str:

@@ -1,6 +1,7 @@
 """The README's first hour, as a user would live it, from the repository root: ``import ddl`` works there (the
 checkout is the installed package), and the training examples launched with ddlrun -np 2 and 4 train to a
-useful accuracy on held-out digits, only rank 0 printing it."""
+useful accuracy on held-out digits, only rank 0 printing it: Keras on torch and tensorflow, PyTorch, and Keras'
+own data parallelism on JAX from ddlrun's variables alone."""
 import os
 import re
 import subprocess
@@ -21,16 +22,20 @@ def test_import_ddl_from_the_repository_root():
     assert size == "1" and where == os.path.join(ROOT, "ddl", "__init__.py") and reduced.strip() == "[0.0, 1.0, 2.0]"
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("script", ["keras_digits.py", "torch_digits.py"])
-def test_example_trains_and_rank_0_reports(script, ranks):
-    pytest.importorskip("torch")
+@pytest.mark.parametrize("script, backend, ranks", [
+    ("keras_digits.py", "torch", 2), ("keras_digits.py", "torch", 4), ("torch_digits.py", "torch", 2),
+    ("torch_digits.py", "torch", 4), ("keras_digits.py", "tensorflow", 2),
+    ("keras_jax_dataparallel.py", "jax", 2)])
+def test_example_trains_and_rank_0_reports(script, backend, ranks):
+    pytest.importorskip(backend)
     pytest.importorskip("sklearn")
     # as after `source .venv-openmpi/bin/activate`
-    env = {**os.environ, "KERAS_BACKEND": "torch", "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    env = {**os.environ, "KERAS_BACKEND": backend, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     done = subprocess.run([DDLRUN, "-np", str(ranks), "python", f"examples/{script}"],
                           capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    reports = re.findall(r"ranks (\d+): test accuracy ([0-9.]+)", done.stdout)
+    reports = re.findall(r"(?:ranks|processes) (\d+): test accuracy ([0-9.]+)", done.stdout)
     assert len(reports) == 1, done.stdout  # rank 0 only
     assert int(reports[0][0]) == ranks and float(reports[0][1]) >= 0.85
+    if script == "keras_digits.py":
+        assert f"(Keras on {backend})" in done.stdout

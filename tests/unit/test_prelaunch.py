@@ -17,7 +17,10 @@ def test_rank_variables_from_open_mpi_and_the_host_list():
     env = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "DDL_HOST_LIST": "a:0,2,4,6;b:1,3,5,7"}
     assert rankenv.rank_variables(env) == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "2",
                                            "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1", "MASTER_ADDR": "a",
-                                           "MASTER_PORT": "29500", "OMP_NUM_THREADS": "1"}
+                                           "MASTER_PORT": "29500", "OMP_NUM_THREADS": "1",
+                                           "KERAS_DISTRIBUTION_PROCESS_ID": "5",
+                                           "KERAS_DISTRIBUTION_NUM_PROCESSES": "8",
+                                           "KERAS_DISTRIBUTION_JOB_ADDRESSES": "a:29500"}
     assert rankenv.rank_variables({**env, "OMP_NUM_THREADS": "4"}).get("OMP_NUM_THREADS") is None  # the user's
     alone = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "DDL_HOST_LIST": "a:0;b:1"}
     assert "OMP_NUM_THREADS" not in rankenv.rank_variables(alone)  # one rank per host: all its cores
@@ -26,7 +29,17 @@ def test_rank_variables_from_open_mpi_and_the_host_list():
 def test_rank_variables_from_hydra_without_a_host_list():
     env = {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
     assert rankenv.rank_variables(env) == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
-                                           "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+                                           "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
+                                           "KERAS_DISTRIBUTION_PROCESS_ID": "3",
+                                           "KERAS_DISTRIBUTION_NUM_PROCESSES": "4"}  # no address known: none
+
+
+def test_keras_distribution_address_follows_the_users_master_and_keeps_the_users_own():
+    env = {"PMI_RANK": "1", "PMI_SIZE": "2", "DDL_HOST_LIST": "a:0;b:1", "MASTER_ADDR": "m", "MASTER_PORT": "7"}
+    assert rankenv.rank_variables(env)["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == "m:7"
+    mine = {**env, "KERAS_DISTRIBUTION_JOB_ADDRESSES": "c:9", "KERAS_DISTRIBUTION_PROCESS_ID": "0"}
+    got = rankenv.rank_variables(mine)
+    assert "KERAS_DISTRIBUTION_JOB_ADDRESSES" not in got and "KERAS_DISTRIBUTION_PROCESS_ID" not in got
 
 
 def test_one_gpu_per_rank_by_local_rank_within_the_visible_ones():
