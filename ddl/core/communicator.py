@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -128,6 +128,28 @@ class Communicator:
         executor = _native.Executor.mpi(dup) if dup.size > 1 else None
         return cls(executor, dup.rank, dup.size, options, mpi_comm=dup, local=where,
                    hierarchy=hierarchy, topology=topology, reports=reports, probed=probed)
+
+    def group(self, ranks: list[int]) -> "Communicator":
+        """A communicator of ``ranks`` (ranks of this one; the group's rank i is ``ranks[i]``), planned for
+        where they run: the topology this one found (file, probe or discovery) narrowed to them, so a group
+        neither probes again nor reads the world's -mode, plan or placement as its own. Collective over the
+        members only (MPI_Comm_create_group): ranks outside ``ranks`` must not call it."""
+        if self._mpi is None:
+            raise DDLError(f"rank {self.rank}: groups need an MPI communicator")
+        if sorted(set(ranks)) != sorted(ranks) or not all(0 <= r < self.size for r in ranks) or self.rank not in ranks:
+            raise DDLError(f"rank {self.rank}: bad group {ranks}: distinct ranks of 0..{self.size - 1}, "
+                           f"this rank among them")
+        topology = self.topology
+        if topology is not None and topology.placement is not None:
+            topology = type(topology)(topology.name, topology.graph, [topology.placement[r] for r in ranks])
+        group = self._mpi.Get_group().Incl(ranks)
+        sub = self._mpi.Create_group(group)
+        group.Free()
+        try:
+            options = replace(self.options, mode=None, plan=None, topology=None, probe="0")
+            return Communicator.from_mpi(sub, options, topology=topology)
+        finally:
+            sub.Free()
 
     @classmethod
     def loopback(cls, hub, rank: int, options: Options | None = None,

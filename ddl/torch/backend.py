@@ -15,7 +15,6 @@ any). Anything else raises an error naming it. Tested with torch 2.13.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -160,17 +159,7 @@ def _create(opts, pg_options=None) -> ProcessGroupDDL:
                        f"(ddlrun sets RANK from MPI; leave RANK unset or set it to the MPI rank)")
     if ranks == list(range(world.size)):
         return ProcessGroupDDL(world, opts.group_rank, opts.group_size)
-    from ddl.core.communicator import Communicator
-
-    mpi = world.mpi_comm
-    group = mpi.Get_group().Incl(ranks)
-    sub = mpi.Create_group(group)  # collective over the group's members only, as torch calls the creator
-    group.Free()
-    try:
-        # -mode's tiers describe the world (ddlrun sets them): a group finds its own shape
-        comm = Communicator.from_mpi(sub, replace(world.options, mode=None))
-    finally:
-        sub.Free()
+    comm = world.group(ranks)  # collective over the group's members only, as torch calls the creator
     return ProcessGroupDDL(comm, opts.group_rank, opts.group_size)
 
 

@@ -129,3 +129,40 @@ def test_ibm_mode_letters_choose_the_algorithm_per_level():
             check_allreduces(comm)
         finally:
             comm.close()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_group_is_planned_on_the_topology_narrowed_to_its_members():
+    # the world's file places SIZE ranks; a group of the even ranks, in reverse, must not read that placement
+    # as its own (it did: "places SIZE ranks but MPI runs k"), and its nodes must be the members' nodes
+    topo, _ = pretend(SIZE)
+    world = Communicator.from_mpi(COMM, options(), topology=topo)
+    members = [r for r in range(SIZE) if r % 2 == 0][::-1]
+    try:
+        if RANK not in members:
+            return
+        group = world.group(members)
+        try:
+            assert (group.rank, group.size) == (members.index(RANK), len(members))
+            for inner in _innermost(group.tree):  # ranks the group puts together share a pretend node
+                assert len({topo["placement"][members[g]] for g in inner}) == 1, (group.tree, inner)
+            n = 10007
+            values = np.arange(n, dtype=np.float64) * (RANK + 1)
+            want = np.arange(n, dtype=np.float64) * sum(r + 1 for r in members)  # closed form over members
+            np.testing.assert_array_equal(group.allreduce(values), want)
+        finally:
+            group.close()
+    finally:
+        world.close()
+
+
+def _innermost(tree) -> list[list[int]]:
+    if all(isinstance(t, int) for t in tree):
+        return [tree]
+    return [leaf for t in tree if not isinstance(t, int) for leaf in _innermost(t)]
+
+
+def test_a_bad_group_is_refused_naming_the_rank():
+    comm = ddl.communicator()
+    with pytest.raises(DDLError, match=f"rank {RANK}: bad group"):
+        comm.group([RANK, RANK])
