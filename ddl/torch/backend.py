@@ -9,9 +9,12 @@ topology-aware collectives, asynchronously: each call is submitted to the commun
 in the same order (DDP's fixed bucket order); a rank that does not gets MismatchError through its Work.
 
 Ranks are MPI's: torch's rank must be the MPI rank (ddlrun sets RANK from it). ``dist.new_group(ranks)`` gets a
-communicator of its own over those ranks (MPI_Comm_create_group), planned for its own hosts. CPU tensors; ops
-sum, avg, product, min, max; dtypes float16, bfloat16, float32, float64, int32, int64 (broadcast and allgather:
-any). Anything else raises an error naming it. Tested with torch 2.13.
+communicator of its own over those ranks (MPI_Comm_create_group), planned for its own hosts. Ops sum, avg,
+product, min, max; dtypes float16, bfloat16, float32, float64, int32, int64 (broadcast and allgather: any).
+CUDA tensors take ddl's GPU path (ddl.gpu: NCCL inside a node, MPI between nodes) on the caller's thread and
+current stream, and their Work is complete on return: the GPU path orders itself on the stream, which a worker
+thread would not share. Anything else raises an error naming it. Tested with torch 2.13 (CUDA: tests/gpu,
+run only where there is a GPU).
 """
 from __future__ import annotations
 
@@ -43,9 +46,8 @@ def _check(tensors, call: str) -> None:
         if t.is_sparse or t.layout != torch.strided:
             raise DDLError(f"the ddl backend's {call} takes dense tensors, not {t.layout} (densify it, or "
                            f"reduce its indices and values separately)")
-        if t.device.type != "cpu":
-            raise DDLError(f"the ddl backend's {call} takes CPU tensors; got one on {t.device} (ddl.torch's "
-                           f"allreduce_ and DistributedOptimizer take CUDA tensors)")
+        if t.device.type not in ("cpu", "cuda"):
+            raise DDLError(f"the ddl backend's {call} takes CPU or CUDA tensors; got one on {t.device}")
 
 
 class ProcessGroupDDL(dist.ProcessGroup):
@@ -60,8 +62,12 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     # -- the machinery: run on the worker, complete a future --------------------------------------------------
 
-    def _submit(self, call: str, run, result):
+    def _submit(self, call: str, run, result, tensors=()):
         fut = torch.futures.Future()
+        if any(t.is_cuda for t in tensors):  # the GPU path, in the caller's stream order (see the docstring)
+            run()
+            fut.set_result(result)
+            return _create_work_from_future(fut)
 
         def job():
             try:
@@ -79,7 +85,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         op = _op(opts) if opts is not None else "sum"
         _check(tensors, "allreduce")
-        return self._submit("allreduce", lambda: [allreduce_(t, op, self.comm) for t in tensors], tensors)
+        return self._submit("allreduce", lambda: [allreduce_(t, op, self.comm) for t in tensors], tensors,
+                            tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -88,7 +95,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         _check(tensors, "broadcast")
         root = opts.rootRank
         return self._submit("broadcast", lambda: [broadcast_(t, root, self.comm) for t in tensors],
-                            tensors)
+                            tensors, tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
         _check(inputs, "allgather")
@@ -99,12 +106,12 @@ class ProcessGroupDDL(dist.ProcessGroup):
                 for i, out in enumerate(outs):
                     out.copy_(gathered[i].reshape(out.shape))
 
-        return self._submit("allgather", run, output_lists)
+        return self._submit("allgather", run, output_lists, inputs)
 
     def _allgather_base(self, output, input, opts=None):
         _check([input], "all_gather_into_tensor")
-        return self._submit("all_gather_into_tensor", lambda: output.copy_(_gather(self.comm, input).reshape(output.shape)),
-                            [output])
+        return self._submit("all_gather_into_tensor",
+                            lambda: output.copy_(_gather(self.comm, input).reshape(output.shape)), [output], [input])
 
     all_gather_single = _allgather_base  # the name torch 2.13's all_gather_into_tensor calls
 
@@ -119,7 +126,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
                 n = out.numel()
                 out.copy_(whole[self.rank() * n:(self.rank() + 1) * n].reshape(out.shape))
 
-        return self._submit("reduce_scatter", run, outputs)
+        return self._submit("reduce_scatter", run, outputs, outputs)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = _op(opts) if opts is not None else "sum"
@@ -131,7 +138,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             n = output.numel()
             output.copy_(whole[self.rank() * n:(self.rank() + 1) * n].reshape(output.shape))
 
-        return self._submit("reduce_scatter_tensor", run, [output])
+        return self._submit("reduce_scatter_tensor", run, [output], [input])
 
     reduce_scatter_single = _reduce_scatter_base  # torch 2.13's reduce_scatter_tensor
 
@@ -140,7 +147,9 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
 
 def _gather(comm, t: torch.Tensor) -> torch.Tensor:
-    """Every rank's ``t`` (same shape everywhere), stacked: (size, *t.shape)."""
+    """Every rank's ``t`` (same shape everywhere), stacked: (size, *t.shape), on ``t``'s device."""
+    if t.is_cuda:
+        return comm.allgather(t.detach().contiguous().reshape(1, -1)).reshape(comm.size, *t.shape)
     values = _host_view(t)[0].reshape(1, -1)
     out = torch.from_numpy(comm.allgather(values)).to(t.dtype)
     return out.reshape(comm.size, *t.shape)
@@ -173,4 +182,4 @@ def init_process_group(**kwargs) -> None:
 
 def register() -> None:
     if NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu"])
+        dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])

@@ -147,3 +147,34 @@ def test_torch_tensor_helpers_stay_on_the_device(world):
     assert b.is_cuda and b.tolist() == [0.0] * 5
     g = dt.allgather(torch.full((1, 2), float(RANK), device="cuda"))
     assert g.is_cuda and g[:, 0].tolist() == [float(r) for r in range(SIZE)]
+
+
+def test_ddp_on_the_ddl_backend_with_cuda_tensors_equals_one_process(world):
+    """DDP's buckets on the GPU go through the backend's CUDA route (ddl's GPU path, in stream order)."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ddl.torch as dt
+    from test_torch_backend import batches, make_model, reference
+
+    dt.init_process_group()
+    try:
+        data = batches(3, 4)
+        ddp = DistributedDataParallel(make_model(0).cuda())
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for x, y in data:
+            opt.zero_grad()
+            mine = slice(RANK * 4, (RANK + 1) * 4)
+            torch.nn.functional.mse_loss(ddp(x[mine].cuda()), y[mine].cuda()).backward()
+            opt.step()
+        for got, want in zip(ddp.module.parameters(), reference(data)):
+            assert got.is_cuda and torch.allclose(got.cpu(), want, atol=1e-5), (got.cpu() - want).abs().max()
+        t = torch.full((3,), float(RANK + 1), device="cuda")
+        dist.all_reduce(t)
+        assert t.is_cuda and torch.equal(t.cpu(), torch.full((3,), SIZE * (SIZE + 1) / 2))
+        gathered = torch.empty(SIZE, 3, device="cuda")
+        dist.all_gather_into_tensor(gathered, t)
+        assert torch.equal(gathered.cpu(), torch.full((SIZE, 3), SIZE * (SIZE + 1) / 2))
+    finally:
+        dist.destroy_process_group()
