@@ -21,6 +21,23 @@ import torch
 import ddl
 
 from ..core import fusion
+from ..errors import DDLError
+
+# The oldest torch with what ddl.torch calls: post-accumulate-grad hooks (DistributedOptimizer's overlap) and
+# register_backend(devices=...) (the "ddl" backend). Tested: TESTED_TORCH (tests/train, CI).
+OLDEST_TORCH, TESTED_TORCH = (2, 1), "2.13"
+
+
+def check_torch_version(version: str) -> None:
+    """Refuses a torch older than OLDEST_TORCH, naming it (newer ones are let through: the process-group API
+    they call is what DDP itself calls)."""
+    numbers = tuple(int(x) for x in version.split("+")[0].split(".")[:2] if x.isdigit())
+    if numbers < OLDEST_TORCH:
+        raise DDLError(f"ddl.torch needs torch {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]} or newer (tested with "
+                       f"{TESTED_TORCH}); this is torch {version}")
+
+
+check_torch_version(torch.__version__)
 
 __all__ = ["allreduce", "allreduce_", "broadcast", "broadcast_", "allgather", "broadcast_parameters",
            "broadcast_object", "broadcast_optimizer_state", "DistributedOptimizer", "average_gradients",
