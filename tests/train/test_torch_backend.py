@@ -1,6 +1,6 @@
 """torch.distributed's "ddl" backend under MPI (mpi_suite.py at 2 and 4 ranks): the torch collectives give
 closed-form results; DistributedDataParallel on "ddl" trains the same weights as one process on the global
-batch (torch run locally on each rank), with no_sync accumulation, unused parameters and the fp16 hook; a
+batch (torch run locally on each rank), with no_sync accumulation, unused parameters, the fp16 hook and gradient_as_bucket_view; a
 new group gets its own communicator; what the backend cannot do is refused naming it."""
 import numpy as np
 import pytest
@@ -93,10 +93,10 @@ def reference(steps, lr=0.1) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("hook", [None, "fp16"])
+@pytest.mark.parametrize("hook", [None, "fp16", "bucket-view"])
 def test_ddp_equals_one_process_on_the_global_batch(hook):
     data = batches(3, 4)
-    ddp = DDP(make_model(0))
+    ddp = DDP(make_model(0), gradient_as_bucket_view=hook == "bucket-view")  # .grad: views of DDP's buckets
     if hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -104,7 +104,7 @@ def test_ddp_equals_one_process_on_the_global_batch(hook):
         opt.zero_grad()
         torch.nn.functional.mse_loss(ddp(x[R * 4:(R + 1) * 4]), y[R * 4:(R + 1) * 4]).backward()
         opt.step()
-    tol = 1e-3 if hook else 1e-6
+    tol = 1e-3 if hook == "fp16" else 1e-6
     for got, want in zip(ddp.module.parameters(), reference(data)):
         assert torch.allclose(got, want, atol=tol), (got - want).abs().max()
 
