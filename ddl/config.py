@@ -54,6 +54,10 @@ SETTINGS = {
                 "a Slurm job with scontrol), off, or a file holding its output"),
         Setting("DDL_TIMELINE", "", "file to write a Chrome trace to at ddl.finalize() (chrome://tracing, Perfetto): "
                 "per rank, one event per call and per level, phase and pipeline block"),
+        Setting("DDL_FLIGHT_RECORDER", "", "folder where each rank writes its last collectives (rank<R>.json) when "
+                "one fails or passes its deadline, or on SIGUSR1; ddl-trace FOLDER says who was behind and where"),
+        Setting("DDL_FLIGHT_RECORDER_RUNS", "64", "native runs (two per collective: agreement and data) each "
+                "communicator keeps for the flight recorder; 0 keeps none"),
         Setting("DDL_SMALL_BYTES", "65536", "largest payload carried in the agreement round itself (latency path)"),
     )
 }

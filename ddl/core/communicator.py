@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .. import _native
-from ..errors import DDLError
+from ..errors import DDLError, TransportError
 from ..options import Options, parse
 from ..planner import Plan, Shape, choose, label, latency_phases, pipelined, predict, program
 from ..planner.programs import round_phases
@@ -32,7 +32,7 @@ from ..schedule.compile import CompiledPipeline, compile_blocks, native_program
 from ..topology import discover
 from ..topology.switches import switch_levels
 from ..topology import tree as hierarchical
-from . import devices, timeline
+from . import devices, flight, timeline
 from .asynchronous import Handle, Worker
 from .agreement import CAPACITY, Agreement, hash64
 from .diagnostics import CallTimer, check_against_mpi
@@ -99,6 +99,12 @@ class Communicator:
         self._recorder = None
         if executor is not None and (o.timeline or o.dump_iter):
             self._recorder = timeline.Recorder(executor, TIMELINE_CALLS if o.timeline else o.dump_iter)
+        # every native run, kept in a small ring and written out when one fails (ddl.core.flight)
+        runs = flight.runs_kept()
+        self._flight = flight.FlightRecorder(rank, size, [lv.name for lv in self.levels], runs) \
+            if executor is not None and runs > 0 else None
+        if self._flight is not None and flight.folder():
+            flight.install_signal_handler()  # kill -USR1 writes it too
         self._devices = None  # ddl.core.devices' collectives, made on the first GPU array
         self._worker: Worker | None = None  # runs the *_async collectives in order (made on first use)
         self.plan_for(1)  # a forced algorithm list that does not fit the tree fails here, not mid-training
@@ -191,11 +197,32 @@ class Communicator:
         """Runs a compiled pipeline on this communicator's executor (``_native.RunOptions``; ``out``: see
         _native.Executor.run); returns whether every rank's header agreed (True without one). The caller holds
         ``lock`` and has agreed first."""
+        flying = self._flight
+        if flying is not None:  # an agreement round's phases are level -1 (all ranks): name it so
+            what = plan.phases[0][1] if plan.phases and plan.phases[0][0] < 0 else plan.algorithm
+            seq = flying.enter(options.label, getattr(buffer, "nbytes", 0), what)
         try:
-            return self._executor.run(plan.native, buffer, options, out)
+            agreed = self._executor.run(plan.native, buffer, options, out)
+        except DDLError as e:
+            if flying is not None and isinstance(e, TransportError):
+                flying.failed(seq, e, plan.phases)
+                self._write_flight_recorder(e)
+            raise
         finally:
             if self._recorder is not None:
                 self._recorder.ran(plan.phases, plan.algorithm, options.label)
+        if flying is not None:
+            flying.leave(seq)
+        return agreed
+
+    def _write_flight_recorder(self, error: BaseException) -> None:
+        try:
+            written = flight.dump(f"rank {self.rank}: {error}")
+        except OSError as e:  # the collective's own error matters more: say why there is no file, go on
+            print(f"ddl: rank {self.rank}: cannot write the flight recorder: {e}", file=sys.stderr, flush=True)
+            return
+        if written is not None and self.options.dbg_level >= 1:
+            print(f"ddl: rank {self.rank}: flight recorder written to {written}", file=sys.stderr, flush=True)
 
     def _write_timeline(self, broken: bool) -> None:
         """DDL_TIMELINE: every rank's calls gathered to rank 0, which writes one Chrome trace. After a failure

@@ -128,6 +128,8 @@ CLI_BAD_INPUT = [
     ["ddl-bench", "--collective", "broadcast", "--algo", "ddl,gloo"],
     ["ddl-bench", "-b", "1M", "-e", "1K"],
     ["ddl-cluster", "frobnicate"],
+    ["ddl-trace", "/no/such/folder"],
+    ["ddl-trace"],
     ["ddlrun", "-np", "zero", "python", "x.py"],
     ["ddlrun", "-H", "a;rm -rf ~", "--dry-run", "python", "x.py"],
 ]

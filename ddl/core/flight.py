@@ -1,0 +1,151 @@
+"""The flight recorder: every rank keeps its communicators' last native runs (the agreement round and the data
+run of each collective) in a ring, always, and writes them out when something goes wrong: a deadline or a
+failed peer (the communicator writes it before raising), or SIGUSR1 (``kill -USR1`` a rank that seems stuck).
+Written only where DDL_FLIGHT_RECORDER names a folder: ``rank<R>.json`` per rank, read by ``ddl-trace``
+(ddl.tools.trace), which says who was behind and where.
+
+A run's record: its number on the communicator (the same run has the same number on every rank, because
+every rank runs the same sequence of agreement and data runs), its label (the call, as the mismatch reports
+name it), bytes, algorithm, start and end on the executor's clock (``_native.clock_ns``, the timeline's), and
+for a failed run the error and, parsed from it, the peer waited on and the round, level and phase reached.
+Cost: two clock reads and a list store per run (README: not measurable at 8 B). DDL_FLIGHT_RECORDER_RUNS sets
+the ring's size (0: no recorder).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import threading
+import weakref
+from pathlib import Path
+
+from .. import _native
+from ..errors import DDLError
+from .timeline import where
+
+FORMAT = 1
+
+# the executor's deadline message (native/src/executor.cpp, fail())
+_WAITING = re.compile(r"waiting on (send|receive \(\w+\)) (?:to|from) rank (\d+) \((\d+) bytes, round (\d+), "
+                      r"block (\d+)\)")
+
+
+class FlightRecorder:
+    """One communicator's ring of runs. ``enter`` returns the run's number; ``leave`` or ``failed`` close it."""
+
+    def __init__(self, rank: int, size: int, levels: list[str], runs: int = 64):
+        self.rank, self.size, self.levels = rank, size, levels
+        self.ring: list[list | None] = [None] * max(2, runs)
+        self.count = 0  # runs entered so far; the next run's number
+        self.index = _register(self)
+
+    def enter(self, label: str, nbytes: int, algorithm: str) -> int:
+        seq = self.count
+        self.ring[seq % len(self.ring)] = [seq, label, nbytes, algorithm, _native.clock_ns(), 0, "open", None]
+        self.count = seq + 1
+        return seq
+
+    def leave(self, seq: int) -> None:
+        rec = self.ring[seq % len(self.ring)]
+        rec[5], rec[6] = _native.clock_ns(), "done"
+
+    def failed(self, seq: int, error: BaseException, phases) -> None:
+        rec = self.ring[seq % len(self.ring)]
+        rec[5], rec[6] = _native.clock_ns(), "failed"
+        rec[7] = failure_detail(str(error), phases, self.levels)
+
+    def runs(self) -> list[dict]:
+        """The kept runs, oldest first, as the files hold them."""
+        kept = sorted((r for r in self.ring if r is not None), key=lambda r: r[0])
+        return [{"seq": r[0], "label": r[1], "bytes": r[2], "algorithm": r[3], "start_ns": r[4], "end_ns": r[5],
+                 "state": r[6], **(r[7] or {})} for r in kept]
+
+    def to_dict(self) -> dict:
+        return {"communicator": self.index, "rank": self.rank, "size": self.size, "levels": self.levels,
+                "runs": self.runs()}
+
+
+def failure_detail(message: str, phases, levels: list[str]) -> dict:
+    """What a failed run's error says: the peer it waited on, and the round with its level and phase."""
+    out: dict = {"error": message}
+    m = _WAITING.search(message)
+    if m:
+        kind, peer, nbytes, rnd, block = m.groups()
+        out.update(waiting_on=int(peer), waiting_for=kind, round=int(rnd), block=int(block),
+                   message_bytes=int(nbytes))
+        if phases:
+            level, phase = phases[min(int(rnd), len(phases) - 1)]
+            out["step"] = f"round {rnd}: {where(level, levels)} {phase}"
+    return out
+
+
+# -- every live recorder of this process, and writing them ------------------------------------------------------
+
+_LIVE: "weakref.WeakValueDictionary[int, FlightRecorder]" = weakref.WeakValueDictionary()
+_LOCK = threading.Lock()
+_NEXT = [0]
+
+
+def _register(recorder: FlightRecorder) -> int:
+    with _LOCK:
+        index = _NEXT[0]
+        _NEXT[0] += 1
+        _LIVE[index] = recorder
+    return index
+
+
+def runs_kept(environ=os.environ) -> int:
+    from .. import config
+
+    text = config.get("DDL_FLIGHT_RECORDER_RUNS", environ)
+    try:
+        return max(0, int(text))
+    except ValueError:
+        raise DDLError(f"DDL_FLIGHT_RECORDER_RUNS={text!r}: expected a whole number of runs (0: none)") from None
+
+
+def folder(environ=os.environ) -> str | None:
+    from .. import config
+
+    return config.get("DDL_FLIGHT_RECORDER", environ) or None
+
+
+def dump(reason: str, environ=os.environ) -> Path | None:
+    """Writes this process's recorders to DDL_FLIGHT_RECORDER/rank<R>.json (R: the world rank, from the first
+    communicator); returns the file, or None where no folder is set or there is nothing to write."""
+    where_to = folder(environ)
+    with _LOCK:
+        recorders = sorted(_LIVE.values(), key=lambda r: r.index)
+    if not where_to or not recorders:
+        return None
+    rank = recorders[0].rank
+    data = {"format": FORMAT, "rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "reason": reason,
+            "clock_ns": _native.clock_ns(), "communicators": [r.to_dict() for r in recorders]}
+    path = Path(where_to) / f"rank{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".json.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(data, indent=1))
+    partial.replace(path)  # a reader never sees half a file
+    return path
+
+
+_HANDLER = [False]
+
+
+def install_signal_handler() -> None:
+    """SIGUSR1 writes the recorders (then runs any handler that was there before). Main thread only: where
+    ddl is initialised from another thread, there is no handler (a Python rule)."""
+    if _HANDLER[0] or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGUSR1"):
+        return
+    before = signal.getsignal(signal.SIGUSR1)
+
+    def on_usr1(signum, frame):
+        dump("SIGUSR1")
+        if callable(before):
+            before(signum, frame)
+
+    signal.signal(signal.SIGUSR1, on_usr1)
+    _HANDLER[0] = True
