@@ -17,7 +17,7 @@ from . import config as _config
 from .config import launched_by_mpi as _launched_by_mpi
 from .core.asynchronous import Handle
 from .core.communicator import Communicator
-from .errors import DDLError, DeviceError, MismatchError, TopologyError, TransportError
+from .errors import DDLError, DeviceError, MismatchError, RankFailure, TopologyError, TransportError
 
 _moved.install()
 
@@ -25,7 +25,7 @@ __all__ = [
     "init", "finalize", "initialized", "communicator", "rank", "size", "local_rank", "local_size", "num_hosts",
     "allreduce", "allreduce_n", "grads_reduce", "broadcast", "bcast", "allgather", "barrier", "explain",
     "allreduce_async", "broadcast_async", "allgather_async", "synchronize", "poll", "Handle",
-    "DDLError", "DeviceError", "MismatchError", "TopologyError", "TransportError", "Communicator", "__version__",
+    "DDLError", "DeviceError", "MismatchError", "RankFailure", "TopologyError", "TransportError", "Communicator", "__version__",
     "DDLCallback", "DDLGlobalVariablesCallback",
 ]
 
@@ -72,6 +72,12 @@ def finalize() -> None:
     if _world is not None:
         _world.close()
         _world = None
+
+
+def _replace_world(comm: Communicator) -> None:
+    """ddl.elastic's recovery: the survivors' communicator becomes the world (the old one is closed)."""
+    global _world
+    _world = comm
 
 
 def communicator() -> Communicator:

@@ -58,6 +58,8 @@ SETTINGS = {
                 "one fails or passes its deadline, or on SIGUSR1; ddl-trace FOLDER says who was behind and where"),
         Setting("DDL_FLIGHT_RECORDER_RUNS", "64", "native runs (two per collective: agreement and data) each "
                 "communicator keeps for the flight recorder; 0 keeps none"),
+        Setting("DDL_ELASTIC_MIN_NP", "1", "ddl.elastic: the fewest ranks a job may shrink to and go on in place "
+                "(ddlrun --min-np sets it)"),
         Setting("DDL_SMALL_BYTES", "65536", "largest payload carried in the agreement round itself (latency path)"),
     )
 }

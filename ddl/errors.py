@@ -13,6 +13,16 @@ class TransportError(DDLError):
     """A peer died or a deadline passed. The communicator is unusable: ddl.finalize() and ddl.init() again."""
 
 
+class RankFailure(TransportError):
+    """Ranks died (a crash, a kill, a lost host), seen through MPI's fault tolerance (ULFM: Open MPI launched
+    with ``--with-ft ulfm``, which ``ddlrun --elastic`` does). ``ranks``: the failed ranks of the communicator,
+    as far as this rank knows them. The communicator is unusable; ddl.elastic recovers on the survivors."""
+
+    def __init__(self, message: str, ranks=()):
+        super().__init__(message)
+        self.ranks = sorted(set(int(r) for r in ranks))
+
+
 class TopologyError(DDLError, ValueError):
     """A topology file, graph or placement that is malformed or contradicts what MPI sees."""
 

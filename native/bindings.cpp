@@ -155,6 +155,10 @@ PYBIND11_MODULE(_native, m) {
     std::string what;
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const RankFailure& e) {  // ddl.errors.RankFailure(message, ranks)
+      py::object error = py::module_::import("ddl.errors").attr("RankFailure")(e.what(), e.ranks);
+      PyErr_SetObject(error.get_type().ptr(), error.ptr());
+      return;
     } catch (const TransportError& e) {
       name = "TransportError", what = e.what();
     } catch (const DeviceError& e) {

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .. import _native
-from ..errors import DDLError, TransportError
+from ..errors import DDLError, RankFailure, TransportError
 from ..options import Options, parse
 from ..planner import Plan, Shape, choose, label, latency_phases, pipelined, predict, program
 from ..planner.programs import round_phases
@@ -145,17 +145,23 @@ class Communicator:
         if sorted(set(ranks)) != sorted(ranks) or not all(0 <= r < self.size for r in ranks) or self.rank not in ranks:
             raise DDLError(f"rank {self.rank}: bad group {ranks}: distinct ranks of 0..{self.size - 1}, "
                            f"this rank among them")
-        topology = self.topology
-        if topology is not None and topology.placement is not None:
-            topology = type(topology)(topology.name, topology.graph, [topology.placement[r] for r in ranks])
         group = self._mpi.Get_group().Incl(ranks)
         sub = self._mpi.Create_group(group)
         group.Free()
         try:
-            options = replace(self.options, mode=None, plan=None, topology=None, probe="0")
-            return Communicator.from_mpi(sub, options, topology=topology)
+            return self.on_members(sub, ranks)
         finally:
             sub.Free()
+
+    def on_members(self, mpi_comm, ranks: list[int]) -> "Communicator":
+        """A communicator on ``mpi_comm``, whose rank i is this one's rank ``ranks[i]`` (a group, or the
+        survivors after a failure), planned on this one's topology narrowed to them: no second probe, and the
+        world's -mode, plan file or placement are not read as its own."""
+        topology = self.topology
+        if topology is not None and topology.placement is not None:
+            topology = type(topology)(topology.name, topology.graph, [topology.placement[r] for r in ranks])
+        options = replace(self.options, mode=None, plan=None, topology=None, probe="0")
+        return Communicator.from_mpi(mpi_comm, options, topology=topology)
 
     @classmethod
     def loopback(cls, hub, rank: int, options: Options | None = None,
@@ -204,9 +210,12 @@ class Communicator:
         try:
             agreed = self._executor.run(plan.native, buffer, options, out)
         except DDLError as e:
+            failure = self._name_failure(e, options.label, plan) if isinstance(e, RankFailure) else e
             if flying is not None and isinstance(e, TransportError):
-                flying.failed(seq, e, plan.phases)
-                self._write_flight_recorder(e)
+                flying.failed(seq, failure, plan.phases)
+                self._write_flight_recorder(failure)
+            if failure is not e:
+                raise failure from None
             raise
         finally:
             if self._recorder is not None:
@@ -214,6 +223,28 @@ class Communicator:
         if flying is not None:
             flying.leave(seq)
         return agreed
+
+    def _name_failure(self, e: RankFailure, label: str, plan) -> RankFailure:
+        """The native failure, said for people: which ranks died, on which hosts, in which call. A rank that saw
+        only the revoke asks MPI who failed for up to a second (the runtime's notice is on its way)."""
+        ranks = list(e.ranks)
+        deadline = time.monotonic() + 1.0
+        while not ranks and self._mpi is not None and hasattr(self._mpi, "Get_failed") and time.monotonic() < deadline:
+            ranks = _failed_ranks(self._mpi)
+            if not ranks:  # the notice arrives through MPI's progress engine: turn it (measured: 10-35 ms)
+                from mpi4py import MPI
+
+                MPI.COMM_SELF.Iprobe()
+                time.sleep(0.005)
+        e = RankFailure(str(e), ranks)
+        if e.ranks:
+            hosts = self.hosts or []
+            dead = ", ".join(f"{r} ({hosts[r]})" if r < len(hosts) else str(r) for r in e.ranks)
+            who = f"rank{'s' if len(e.ranks) > 1 else ''} {dead} failed"
+        else:
+            who = "a rank failed (a peer revoked the communicator; which one is not known here yet)"
+        step = "its agreement round" if plan.phases and plan.phases[0][0] < 0 else f"its {plan.algorithm} plan"
+        return RankFailure(f"rank {self.rank}: {who} during {label} ({step}); MPI said: {e}", e.ranks)
 
     def _write_flight_recorder(self, error: BaseException) -> None:
         try:
@@ -548,6 +579,22 @@ def _work_buffer(a: np.ndarray, out: np.ndarray | None) -> tuple[np.ndarray, boo
             np.copyto(out, a.copy() if np.may_share_memory(out, a) else a)
         return out.reshape(-1), True
     return np.array(a, order="C").reshape(-1), False
+
+
+def _failed_ranks(mpi_comm) -> list[int]:
+    """The ranks of ``mpi_comm`` its MPI knows to have failed (ULFM's MPI_Comm_get_failed)."""
+    failed = mpi_comm.Get_failed()
+    try:
+        if failed.size == 0:
+            return []
+        everyone = mpi_comm.Get_group()
+        try:
+            ranks = type(failed).Translate_ranks(failed, list(range(failed.size)), everyone)
+        finally:
+            everyone.Free()
+        return sorted(r for r in ranks if r >= 0)
+    finally:
+        failed.Free()
 
 
 def _deliver(result: np.ndarray, out: np.ndarray | None, in_out: bool) -> np.ndarray:

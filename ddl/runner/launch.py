@@ -65,6 +65,9 @@ class Request:
     output_dir: str | None = None
     agent: str | None = None                # the emulated cluster's way in (ssh's place)
     iface: str | None = None
+    elastic: bool = False                   # survive lost ranks in place (ULFM), down to min_np
+    min_np: int | None = None
+    max_np: int | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,13 @@ def plan(req: Request, here: Machine) -> Launch:
         settings["DDL_BIND_GPU"] = "1"
     if req.output_dir:
         settings["DDL_OUTPUT_DIR"] = req.output_dir
+    if req.elastic:
+        low = req.min_np or 1
+        if low > len(rank_hosts):
+            raise LaunchError(f"--min-np {low} is more than the {len(rank_hosts)} ranks launched (-np)")
+        if req.max_np is not None and req.max_np < len(rank_hosts):
+            raise LaunchError(f"--max-np {req.max_np} is less than the {len(rank_hosts)} ranks launched (-np)")
+        settings.update(DDL_ELASTIC="1", DDL_ELASTIC_MIN_NP=str(low))
     if "MASTER_PORT" not in here.environ and here.free_port and rank_hosts[0] in (here.hostname, *LOCAL_NAMES):
         # torch's TCP store listens on rank 0's host: a port found free there, not a fixed 29500 two jobs share
         settings["MASTER_PORT"] = str(here.free_port)
@@ -169,6 +179,7 @@ def plan(req: Request, here: Machine) -> Launch:
     forward = exportable(here.environ, ours)
     job = mpirun.Job([here.python, "-m", "ddl.runner.rankenv", *req.program], len(rank_hosts),
                      None if local else rank_hosts, set_env=settings, forward=tuple(forward), agent=req.agent,
-                     iface=req.iface, tcp=req.tcp or req.agent is not None, mpiargs=tuple(req.mpiargs))
+                     iface=req.iface, tcp=req.tcp or req.agent is not None, mpiargs=tuple(req.mpiargs),
+                     fault_tolerant=req.elastic)
     remote = not local and any(h != here.hostname and h not in LOCAL_NAMES for h in rank_hosts)
     return Launch(job, rank_hosts, dims, remote)

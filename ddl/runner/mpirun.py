@@ -13,6 +13,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from ..errors import DDLError
+
 OPEN_MPI_ROOT_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -48,6 +50,7 @@ class Job:
     tcp: bool = False                             # TCP sockets, never InfiniBand, UCX or shared-memory netmods
     mpiargs: tuple = ()                           # the user's own launcher arguments, passed as given
     timeout: int | None = None                    # the launcher's own deadline (a backstop to the caller's)
+    fault_tolerant: bool = False                  # ULFM: a dead rank is reported to the others, not fatal
 
 
 def build(kind: str, mpiexec: str, job: Job, root: bool, cores: int) -> tuple[list[str], dict[str, str]]:
@@ -84,6 +87,8 @@ def _open_mpi(mpiexec: str, job: Job, root: bool, crowded: bool) -> tuple[list[s
         cmd += ["-x", name]
     if job.timeout:
         cmd += ["--timeout", str(job.timeout)]
+    if job.fault_tolerant:
+        cmd += ["--with-ft", "ulfm"]
     env = dict(OPEN_MPI_ROOT_ENV) if root else {}
     if crowded:
         env.update(PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe", OMPI_MCA_mpi_yield_when_idle="1")
@@ -91,6 +96,9 @@ def _open_mpi(mpiexec: str, job: Job, root: bool, crowded: bool) -> tuple[list[s
 
 
 def _mpich(mpiexec: str, job: Job) -> tuple[list[str], dict[str, str]]:
+    if job.fault_tolerant:
+        raise DDLError("in-place recovery (--elastic) needs MPI's fault tolerance (ULFM), which MPICH's hydra "
+                         "does not offer: launch with Open MPI (the default wheel)")
     cmd = [mpiexec]
     if job.agent:
         cmd += ["-launcher", "ssh", "-launcher-exec", job.agent]

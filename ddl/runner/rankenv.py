@@ -6,7 +6,8 @@ ranks and it is unset) and those keras.distribution.initialize() reads (KERAS_DI
 _NUM_PROCESSES, _JOB_ADDRESSES = MASTER_ADDR:MASTER_PORT), taken from MPI's launcher and ddlrun's
 placement (DDL_HOST_LIST); one GPU by local rank (CUDA_VISIBLE_DEVICES) where ddlrun says so (DDL_BIND_GPU);
 its own log files (DDL_OUTPUT_DIR/rank.N/stdout and stderr). The program runs as a child, so that a failure
-is reported with the rank and host it happened on; signals from the launcher are passed on to it.
+is reported with the rank and host it happened on; signals from the launcher are passed on to it. In an
+elastic job (DDL_ELASTIC=1) this process becomes the program instead (see _become).
 """
 from __future__ import annotations
 
@@ -92,6 +93,8 @@ def main(argv: list[str]) -> int:
         folder = Path(os.environ["DDL_OUTPUT_DIR"]) / f"rank.{extra['RANK']}"
         folder.mkdir(parents=True, exist_ok=True)
         streams = {"stdout": open(folder / "stdout", "w"), "stderr": open(folder / "stderr", "w")}
+    if os.environ.get("DDL_ELASTIC") == "1":
+        return _become(argv, {**os.environ, **extra}, streams, where)
     try:
         # close_fds=False: MPICH's ranks reach their launcher through an inherited descriptor (PMI_FD).
         child = subprocess.Popen(argv, env={**os.environ, **extra}, close_fds=False, **streams)
@@ -118,6 +121,20 @@ def main(argv: list[str]) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
     return 128 - status if status < 0 else status
+
+
+def _become(argv: list[str], env: dict[str, str], streams: dict, where: str) -> int:
+    """Elastic jobs: this process becomes the program (exec), so the process MPI's runtime launched is the
+    MPI rank itself. A failure is then seen by the runtime, which tells the survivors (ULFM); a child's death
+    behind a wrapper was not (the survivors waited). The survivors name the failed rank themselves."""
+    for fd, f in ((1, streams.get("stdout")), (2, streams.get("stderr"))):
+        if f is not None:
+            os.dup2(f.fileno(), fd)
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as e:
+        print(f"ddlrun: {where}: cannot run {argv[0]!r}: {e.strerror}", file=sys.stderr, flush=True)
+        return 127
 
 
 def _under_hydra(environ) -> bool:

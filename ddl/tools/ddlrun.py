@@ -79,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     add("--timeout", type=float, default=0, help="stop the job after this many seconds (0: never)")
     add("--mpi", choices=("openmpi", "mpich"), help="the MPI to launch with (default: the mpiexec found; "
         "$DDL_MPIEXEC names one)")
+    add("--elastic", action="store_true", help="survive lost ranks: the others shrink, re-plan and go on from "
+        "the last ddl.elastic commit (Open MPI's ULFM; see README)")
+    add("--min-np", "-min-np", dest="min_np", type=_positive, help="elastic: the fewest ranks to go on with "
+        "(horovodrun's flag; giving it asks for --elastic)")
+    add("--max-np", "-max-np", dest="max_np", type=_positive, help="elastic: the most ranks (default -np)")
     add("--version", action="store_true", help="print ddl's version and exit")
     return ap
 
@@ -170,7 +175,8 @@ def _request(args, program, hosts, rank_hosts, **extra) -> launch.Request:
         program=program, np=args.np, hosts=hosts, rank_hosts=rank_hosts, mode=args.mode,
         ddloption=" ".join(args.ddloption), no_ddloptions=args.no_ddloptions, accelerators=args.accelerators,
         nodes=args.nodes, racks=args.racks, aisles=args.aisles,
-        mpiargs=mpiargs, tcp=args.tcp,
+        mpiargs=mpiargs, tcp=args.tcp, elastic=args.elastic or args.min_np is not None, min_np=args.min_np,
+        max_np=args.max_np,
         output_dir=os.path.abspath(args.output_filename) if args.output_filename else None, **extra)
 
 

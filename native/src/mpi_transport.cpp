@@ -1,6 +1,9 @@
 #include "ddl/mpi_transport.hpp"
 
 #include <climits>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI's extensions: ULFM's MPIX_ names (MPICH declares them in mpi.h)
+#endif
 
 namespace ddl {
 
@@ -19,8 +22,39 @@ void MpiTransport::check(int rc, const char* what, int peer) const {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  throw TransportError("rank " + std::to_string(rank_) + ": MPI " + what + " with rank " + std::to_string(peer) +
-                       " failed: " + std::string(text, static_cast<size_t>(len)));
+  std::string message = "rank " + std::to_string(rank_) + ": MPI " + what + " with rank " + std::to_string(peer) +
+                        " failed: " + std::string(text, static_cast<size_t>(len));
+#ifdef MPIX_ERR_PROC_FAILED
+  int cls = rc;
+  MPI_Error_class(rc, &cls);
+  if (cls == MPIX_ERR_PROC_FAILED || cls == MPIX_ERR_PROC_FAILED_PENDING || cls == MPIX_ERR_REVOKED) {
+    // Tell every other rank at once: their pending operations on this communicator end with MPIX_ERR_REVOKED
+    // instead of waiting for their deadline on a peer that is gone or a peer that is waiting on it.
+    MPIX_Comm_revoke(comm_);
+    throw RankFailure(message, failed_ranks());
+  }
+#endif
+  throw TransportError(message);
+}
+
+std::vector<int> MpiTransport::failed_ranks() const {
+  std::vector<int> out;
+#ifdef MPIX_ERR_PROC_FAILED
+  MPI_Group failed = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
+  if (MPIX_Comm_get_failed(comm_, &failed) != MPI_SUCCESS) return out;
+  int n = 0;
+  MPI_Group_size(failed, &n);
+  if (n > 0 && MPI_Comm_group(comm_, &all) == MPI_SUCCESS) {
+    std::vector<int> theirs(static_cast<size_t>(n)), ours(static_cast<size_t>(n), MPI_UNDEFINED);
+    for (int i = 0; i < n; ++i) theirs[static_cast<size_t>(i)] = i;
+    MPI_Group_translate_ranks(failed, n, theirs.data(), all, ours.data());
+    for (int r : ours)
+      if (r != MPI_UNDEFINED) out.push_back(r);
+    MPI_Group_free(&all);
+  }
+  MPI_Group_free(&failed);
+#endif
+  return out;
 }
 
 Handle MpiTransport::take_slot(MPI_Request r) {

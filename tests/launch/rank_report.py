@@ -1,5 +1,6 @@
 """One rank of the launcher tests: writes what it was given (and an allreduce's result) to DIR/rank<N>.json,
-then does what argv asks: 'ok', 'fail R' (rank R exits 3 with a message, the others wait), 'sleep'."""
+then does what argv asks: 'ok', 'fail R' (rank R exits 3 with a message, the others wait), 'kill R' (rank R
+dies by SIGKILL, as a crash would, the others wait), 'sleep'."""
 import json
 import os
 import socket
@@ -21,6 +22,12 @@ if action[0] == "ok":
     sys.stdout.write(f"hello from rank {rank}\n")  # one write: MPICH interleaves print's two pieces
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
     json.dump(info, f)
+if action[0] == "kill":
+    if rank == int(action[1]):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(120)
 if action[0] == "fail":
     if rank == int(action[1]):
         sys.stderr.write(f"rank {rank}: something went wrong on purpose\n")

@@ -78,6 +78,15 @@ def test_a_failing_rank_stops_the_job_with_its_message(tmp_path):
     assert wait_gone([r["pid"] for r in reports(tmp_path).values()]) == []
 
 
+def test_a_killed_rank_ends_the_job_named_with_its_signal(tmp_path):
+    # without --elastic one dead process ends the job within seconds, named, with nothing left running
+    started = time.monotonic()
+    done = ddlrun("-np", 4, sys.executable, REPORT, tmp_path, "kill", 2, timeout=90)
+    assert done.returncode != 0 and time.monotonic() - started < 60
+    assert "ddlrun: rank 2 (" in done.stderr and "was killed by SIGKILL" in done.stderr, done.stderr[-2000:]
+    assert wait_gone([r["pid"] for r in reports(tmp_path).values()]) == []
+
+
 def test_a_job_past_its_timeout_is_stopped_everywhere(tmp_path):
     started = time.monotonic()
     done = ddlrun("--timeout", 3, "-np", 2, sys.executable, REPORT, tmp_path, "sleep", timeout=90)

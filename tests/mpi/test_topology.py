@@ -144,8 +144,17 @@ def test_a_group_is_planned_on_the_topology_narrowed_to_its_members():
         group = world.group(members)
         try:
             assert (group.rank, group.size) == (members.index(RANK), len(members))
-            for inner in _innermost(group.tree):  # ranks the group puts together share a pretend node
-                assert len({topo["placement"][members[g]] for g in inner}) == 1, (group.tree, inner)
+            node = {g: topo["placement"][w] for g, w in enumerate(members)}
+            rack = {g: int(node[g][1:]) // 2 for g in node}  # the file's racks: nodes two by two
+            inner = _innermost(group.tree)
+            where = {g: i for i, grp in enumerate(inner) for g in grp}
+            for grp in inner:  # an innermost group is a node or a rack of the members', never more
+                assert len({rack[g] for g in grp}) == 1, (group.tree, members)
+            for a_, b_ in ((a_, b_) for a_ in node for b_ in node if node[a_] == node[b_]):
+                assert where[a_] == where[b_], (group.tree, members)  # a node's members stay together
+            if len(set(rack.values())) > 1:  # racks apart at the top
+                top = {g: i for i, t in enumerate(group.tree) for g in _leaves(t)}
+                assert all(top[a_] != top[b_] for a_ in rack for b_ in rack if rack[a_] != rack[b_])
             n = 10007
             values = np.arange(n, dtype=np.float64) * (RANK + 1)
             want = np.arange(n, dtype=np.float64) * sum(r + 1 for r in members)  # closed form over members
@@ -154,6 +163,10 @@ def test_a_group_is_planned_on_the_topology_narrowed_to_its_members():
             group.close()
     finally:
         world.close()
+
+
+def _leaves(tree) -> list[int]:
+    return [tree] if isinstance(tree, int) else [x for t in tree for x in _leaves(t)]
 
 
 def _innermost(tree) -> list[list[int]]:

@@ -271,3 +271,18 @@ def test_no_ssh_checks_inside_a_schedulers_allocation(variable):
     assert ddlrun.checks_skipped(args, {}) is None
     assert variable in ddlrun.checks_skipped(args, {variable: "42"})
     assert ddlrun.checks_skipped(ddlrun._parser().parse_args(["-s"]), {}) == "--skipchecks"
+
+
+def test_elastic_asks_open_mpi_for_ulfm_and_is_refused_on_mpich():
+    p = launch.plan(Request(["prog"], np=4, elastic=True, min_np=2), CPU_BOX)
+    assert p.job.set_env["DDL_ELASTIC"] == "1" and p.job.set_env["DDL_ELASTIC_MIN_NP"] == "2"
+    cmd, _ = mpirun.build("openmpi", "/v/bin/mpiexec", p.job, True, 2)
+    assert cmd[cmd.index("--with-ft"):cmd.index("--with-ft") + 2] == ["--with-ft", "ulfm"]
+    with pytest.raises(ddlrun.DDLError, match="MPICH's hydra does not offer"):
+        mpirun.build("mpich", "/v/bin/mpiexec", p.job, True, 2)
+    with pytest.raises(LaunchError, match="--min-np 5 is more than the 4 ranks"):
+        launch.plan(Request(["prog"], np=4, elastic=True, min_np=5), CPU_BOX)
+    with pytest.raises(LaunchError, match="--max-np 3 is less than the 4 ranks"):
+        launch.plan(Request(["prog"], np=4, elastic=True, max_np=3), CPU_BOX)
+    assert "--with-ft" not in mpirun.build("openmpi", "/v/bin/mpiexec",
+                                           launch.plan(Request(["prog"], np=4), CPU_BOX).job, True, 2)[0]

@@ -24,6 +24,7 @@ class MpiTransport final : public Transport {
  private:
   Handle take_slot(MPI_Request r);
   void check(int rc, const char* what, int peer) const;
+  std::vector<int> failed_ranks() const;
 
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1, max_tag_ = 32767;

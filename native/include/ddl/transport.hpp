@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ddl {
 
@@ -16,6 +17,14 @@ using Handle = int64_t;  // a transport-owned slot; released when test() reports
 // A peer failed, a deadline passed, or the transport broke: the communicator must be recreated.
 struct TransportError : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+// MPI says peers died (ULFM: a process failure, or a communicator revoked by a rank that saw one). ``ranks``:
+// those this rank knows to have failed, in the communicator's numbering (may be empty when only the revoke
+// has arrived yet).
+struct RankFailure : TransportError {
+  RankFailure(const std::string& what, std::vector<int> failed) : TransportError(what), ranks(std::move(failed)) {}
+  std::vector<int> ranks;
 };
 
 class Transport {

@@ -1,0 +1,167 @@
+"""Elastic training: a job that loses ranks shrinks, re-plans and goes on from its last commit.
+
+    state = ddl.elastic.State(w=weights, step=0)       # ddl.torch.elastic.TorchState(model, optimizer, ...)
+
+    @ddl.elastic.run
+    def train(state):
+        while state.step < steps:
+            ...one step with ddl's collectives...
+            state.step += 1
+            if state.step % 10 == 0:
+                state.commit()                          # cheap: a copy in memory
+
+    train(state)
+
+Under ``ddlrun --elastic`` (Open MPI with ULFM), when a rank dies every survivor's next collective raises
+ddl.RankFailure naming it; ``run`` then shrinks ddl's communicator to the survivors (ddl.elastic.recovery),
+rolls the state back to the last commit, broadcasts it from the new rank 0, calls the reset callbacks (to
+rescale a learning rate, say) and calls ``train`` again. What is lost: the work since the last commit. A
+rank that raises any other exception inside ``train`` is ended at once (by SIGKILL, after printing it), so
+that the others see a failure and go on instead of waiting on it. A live but silent rank is not a failure: it is a
+deadline error (DDL_TIMEOUT), which ends the job (the flight recorder says who was behind).
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import io
+import os
+import pickle
+import signal
+import sys
+import traceback
+
+import numpy as np
+
+from ..errors import RankFailure
+from .recovery import Recovered, TooFewRanks, say, shrink_world
+
+EXIT_TOO_FEW = 75  # the status of every survivor when fewer than --min-np are left
+
+__all__ = ["State", "run", "RankFailure", "Recovered", "TooFewRanks"]
+
+
+class State:
+    """Values that survive a failure: attributes (``state.epoch``), saved by ``commit()``, put back by
+    ``restore()`` and sent from rank 0 by ``sync()``. Subclasses add what cannot be pickled cheaply (a
+    model's weights) by overriding ``save``/``load``/``sync``."""
+
+    def __init__(self, **values):
+        object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "_saved", None)
+        object.__setattr__(self, "_reset_callbacks", [])
+        object.__setattr__(self, "commits", 0)
+        object.__setattr__(self, "recoveries", [])  # Recovered, one per failure survived
+
+    def __getattr__(self, name):
+        values = object.__getattribute__(self, "_values")
+        if name in values:
+            return values[name]
+        raise AttributeError(f"{type(self).__name__} has no value {name!r} (give it to the constructor)")
+
+    def __setattr__(self, name, value):
+        if name in self._values:
+            self._values[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    # -- what subclasses extend ------------------------------------------------------------------------------
+
+    def save(self):
+        return copy.deepcopy(self._values)
+
+    def load(self, saved) -> None:
+        self._values.update(copy.deepcopy(saved))
+
+    def sync(self, root: int = 0) -> None:
+        """Every rank takes root's values."""
+        self._values.update(broadcast_object(self._values, root))
+
+    # -- the user's side -------------------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Keeps the present values as the point a failure rolls back to (in memory, on every rank)."""
+        object.__setattr__(self, "_saved", self.save())
+        object.__setattr__(self, "commits", self.commits + 1)
+
+    def restore(self) -> None:
+        if self._saved is not None:
+            self.load(self._saved)
+
+    def register_reset_callbacks(self, callbacks) -> None:
+        """Functions called (with no argument) after every recovery, once the state is synced."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        for callback in self._reset_callbacks:
+            callback()
+
+
+def broadcast_object(obj, root: int = 0):
+    """Root's ``obj`` (anything pickle can write) on every rank of ddl's world."""
+    import ddl
+
+    comm = ddl.communicator()
+    data = np.frombuffer(pickle.dumps(obj), np.uint8) if comm.rank == root else np.empty(0, np.uint8)
+    length = int(comm.broadcast(np.array([data.size], np.int64), root)[0])
+    if comm.rank != root:
+        data = np.empty(length, np.uint8)
+    return pickle.load(io.BytesIO(comm.broadcast(data, root).tobytes()))
+
+
+def run(func):
+    """Makes ``func(state, ...)`` elastic: synced from rank 0 and committed before the first call; after a
+    RankFailure, recovery on the survivors, roll-back, sync, reset callbacks, and ``func`` again."""
+
+    @functools.wraps(func)
+    def elastic(state: State, *args, **kwargs):
+        import ddl
+
+        failure: RankFailure | None = None
+        first = True
+        while True:
+            try:
+                if first:
+                    state.sync()
+                    state.commit()
+                    first = False
+                if failure is not None:  # inside the try: a failure during recovery is recovered from too
+                    _recover(state)
+                    failure = None
+                return func(state, *args, **kwargs)
+            except RankFailure as e:
+                failure = e
+                say(str(e))
+            except TooFewRanks as e:
+                # every survivor knows it (the shrink's result is the same everywhere): all end, none waits.
+                # No MPI_Finalize: with failed ranks in the job it may wait on them.
+                say(f"{e}")
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(EXIT_TOO_FEW)
+            except Exception:
+                # Not a failure ddl can recover from on this rank: end it now, without MPI_Finalize, so the
+                # others see a failed rank (and recover) rather than wait on one that is finalising.
+                traceback.print_exc()
+                print(f"ddl.elastic: rank {ddl.rank()}: ending this rank after the exception above",
+                      file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                # by a signal: MPI's runtime tells the others about a killed process, while one that merely
+                # exits (even with a failure status, without MPI_Finalize) left them waiting (measured)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return elastic
+
+
+def _recover(state: State) -> None:
+    import ddl
+
+    recovered = shrink_world()
+    state.recoveries.append(recovered)
+    state.restore()
+    state.sync()
+    state.on_reset()
+    if ddl.rank() == 0:
+        say(f"rank{'s' if len(recovered.failed) > 1 else ''} {', '.join(map(str, recovered.failed))} of "
+            f"{recovered.old_size} lost; going on with {recovered.new_size} from commit {state.commits} "
+            f"({recovered.seconds * 1e3:.0f} ms to shrink and re-plan)")

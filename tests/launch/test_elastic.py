@@ -1,0 +1,96 @@
+"""ddlrun --elastic end to end (Open MPI's ULFM; skipped on MPICH, which has none): ranks die by SIGKILL, by a
+Python exception, two in a row, one during recovery; every survivor sees ddl.RankFailure naming the dead
+rank, rolls back to the last commit and goes on with fewer ranks. The final weights are checked against a
+simulation of the same schedule in numpy (tests/launch/elastic_job.py's closed form), never against ddl."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ddl.runner import mpirun
+
+DDLRUN = os.path.join(sys.prefix, "bin", "ddlrun")
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_job.py")
+STEPS, EVERY = 20, 5
+pytestmark = pytest.mark.skipif(mpirun.flavor(mpirun.mpiexec_path()) != "openmpi",
+                                reason="in-place recovery needs Open MPI's ULFM")
+
+
+def expected_w0(n: int, kills: dict[int, tuple[int, str]]) -> float:
+    """The job's schedule, simulated: step s subtracts 0.001 * (alive + 1) / 2 * (s + 1) (the average of the
+    gradients (rank + 1)(s + 1)); a death rolls back to the last commit (every EVERY steps); a death during
+    recovery happens in the first one."""
+    w, s, alive = np.float32(0), 0, set(range(n))
+    committed = (w, s)
+    during_recovery = {r for r, (_, how) in kills.items() if how == "recovery"}
+    while s < STEPS:
+        dying = {r for r, (at, how) in kills.items() if at == s and how != "recovery" and r in alive}
+        if dying:
+            alive -= dying | during_recovery
+            during_recovery = set()
+            w, s = committed
+            continue
+        w = np.float32(w - np.float32(0.001) * np.float32((len(alive) + 1) / 2 * (s + 1)))
+        s += 1
+        if s % EVERY == 0:
+            committed = (w, s)
+    return float(w)
+
+
+def run_job(tmp_path, n: int, spec: str, *flags) -> tuple[subprocess.CompletedProcess, dict[int, dict]]:
+    done = subprocess.run([DDLRUN, "--elastic", *flags, "-np", str(n), sys.executable, JOB, str(STEPS), str(EVERY),
+                           spec, str(tmp_path)], capture_output=True, text=True, timeout=180)
+    results = {}
+    for path in glob.glob(str(tmp_path / "result.*.json")):
+        results[int(path.rsplit(".", 2)[1])] = json.loads(open(path).read())
+    return done, results
+
+
+def parse(spec: str) -> dict[int, tuple[int, str]]:
+    out = {}
+    for item in filter(None, spec.strip("-").split(",")):
+        who, _, rest = item.partition("@")
+        when, _, how = rest.partition(":")
+        out[int(who)] = (int(when), how or "kill")
+    return out
+
+
+@pytest.mark.parametrize("n, spec, first_failed", [
+    (4, "3@12", [3]),                  # SIGKILL mid-run: roll back to step 10, go on with 3
+    (4, "2@7:raise", [2]),             # a Python exception on one rank: it is ended, the others go on
+    (4, "3@12,1@16", [3]),             # two failures in a row
+    (4, "3@12,1@0:recovery", [3]),     # a second rank dies while the survivors recover from the first
+    (8, "5@12", [5]),
+])
+def test_survivors_roll_back_and_finish_with_the_closed_form(tmp_path, n, spec, first_failed):
+    kills = parse(spec)
+    done, results = run_job(tmp_path, n, spec)
+    assert done.returncode == 0, done.stderr[-3000:]
+    survivors = sorted(set(range(n)) - set(kills))
+    assert sorted(results) == survivors, done.stderr[-3000:]
+    want = expected_w0(n, kills)
+    for r in survivors:
+        got = results[r]
+        assert got["uniform"] and got["size"] == len(survivors)
+        np.testing.assert_allclose(got["w0"], want, rtol=1e-5)
+        assert got["recoveries"][0] == first_failed  # the shrink's view: the same on every survivor
+        first = got["seen"][0]
+        assert first["ranks"] == first_failed, first  # every survivor's RankFailure names the dead rank
+        assert f"rank {first_failed[0]} (" in first["message"], first
+    assert "lost; going on with" in done.stderr
+
+
+def test_fewer_than_min_np_left_ends_the_job_with_a_message(tmp_path):
+    done, results = run_job(tmp_path, 4, "3@12,2@14", "--min-np", "3")
+    assert done.returncode != 0 and results == {}
+    assert "fewer than the minimum of 3 (--min-np)" in done.stderr, done.stderr[-3000:]
+
+
+def test_min_np_above_np_is_refused():
+    done = subprocess.run([DDLRUN, "--min-np", "5", "-np", "4", sys.executable, JOB], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "--min-np 5 is more than the 4 ranks launched" in done.stderr
