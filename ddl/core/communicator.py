@@ -99,6 +99,7 @@ class Communicator:
         self._recorder = None
         if executor is not None and (o.timeline or o.dump_iter):
             self._recorder = timeline.Recorder(executor, TIMELINE_CALLS if o.timeline else o.dump_iter)
+        self.failure: RankFailure | None = None  # the rank failure that broke this communicator, if one did
         # every native run, kept in a small ring and written out when one fails (ddl.core.flight)
         runs = flight.runs_kept()
         self._flight = flight.FlightRecorder(rank, size, [lv.name for lv in self.levels], runs) \
@@ -211,6 +212,8 @@ class Communicator:
             agreed = self._executor.run(plan.native, buffer, options, out)
         except DDLError as e:
             failure = self._name_failure(e, options.label, plan) if isinstance(e, RankFailure) else e
+            if isinstance(failure, RankFailure):
+                self.failure = failure  # for ddl.elastic, where a framework wrapped the error in its own
             if flying is not None and isinstance(e, TransportError):
                 flying.failed(seq, failure, plan.phases)
                 self._write_flight_recorder(failure)

@@ -139,7 +139,12 @@ def run(func):
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(EXIT_TOO_FEW)
-            except Exception:
+            except Exception as e:
+                behind = _rank_failure_behind(e)
+                if behind is not None:  # a framework's error around ddl's (TensorFlow wraps py-functions')
+                    failure = behind
+                    say(f"{behind} (inside {type(e).__name__})")
+                    continue
                 # Not a failure ddl can recover from on this rank: end it now, without MPI_Finalize, so the
                 # others see a failed rank (and recover) rather than wait on one that is finalising.
                 traceback.print_exc()
@@ -151,6 +156,18 @@ def run(func):
                 os.kill(os.getpid(), signal.SIGKILL)
 
     return elastic
+
+
+def _rank_failure_behind(error: BaseException) -> RankFailure | None:
+    """The RankFailure that caused ``error``: in its chain of causes, or the one that broke ddl's world."""
+    import ddl
+
+    seen = error
+    while seen is not None:
+        if isinstance(seen, RankFailure):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return ddl.communicator().failure if ddl.initialized() else None
 
 
 def _recover(state: State) -> None:

@@ -168,6 +168,9 @@ def DistributedOptimizer(optimizer, threshold: int | None = None):
 
     optimizer.apply = apply
     optimizer._ddl_distributed = True
+    # ddl.keras.elastic forgets their collectives after a failure. Set past Keras' attribute tracking, which
+    # would keep a copy of the dict (empty) instead of the dict itself.
+    object.__setattr__(optimizer, "_ddl_buffers", buffers)
     return optimizer
 
 
@@ -258,3 +261,6 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.verbose and ddl.rank() == 0 and epoch < self.warmup_epochs + 1:
             print(f"\nEpoch {epoch + 1}: learning rate {float(_to_numpy(self.model.optimizer.learning_rate)):.6g}")
+
+
+from . import elastic  # noqa: E402,F401 (ddl.keras.elastic: KerasState, CommitStateCallback)

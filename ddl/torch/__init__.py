@@ -184,3 +184,5 @@ from . import backend as _backend  # noqa: E402 (it uses the helpers above)
 
 _backend.register()  # torch.distributed.init_process_group("ddl")
 init_process_group = _backend.init_process_group
+
+from . import elastic  # noqa: E402,F401 (ddl.torch.elastic.TorchState)

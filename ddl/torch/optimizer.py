@@ -125,6 +125,13 @@ class GradientBuckets:
             b.finish(self.compression)
         self.next = 0
 
+    def abandon(self) -> None:
+        """After a failure (ddl.elastic): forget the collectives in flight, so the next pass starts afresh on
+        the new communicator instead of waiting on the old one's handles."""
+        for b in self.buckets:
+            b.handle, b.fired, b.wire = None, 0, b.flat
+        self.next = 0
+
     def average(self, used: set[int] | None = None) -> None:
         """Everything at once (Keras' torch backend): a parameter with a gradient counts as used."""
         self.finish(used if used is not None else {id(p) for p in self.params if p.grad is not None})
@@ -189,6 +196,10 @@ class _Averaging:
 
     def reset(self) -> None:
         self.used, self.synchronized = set(), False
+
+    def abandon(self) -> None:
+        self.buckets.abandon()
+        self.reset()
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, op: str = "avg",

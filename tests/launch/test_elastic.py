@@ -94,3 +94,53 @@ def test_min_np_above_np_is_refused():
     done = subprocess.run([DDLRUN, "--min-np", "5", "-np", "4", sys.executable, JOB], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and "--min-np 5 is more than the 4 ranks launched" in done.stderr
+
+
+FRAMEWORKS_JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_frameworks_job.py")
+
+# One process on the global batches, with plain torch / plain Keras (no ddl): what every survivor must hold.
+REFERENCE = {
+    "torch": """
+import numpy as np, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+for step in range(8):
+    rng = np.random.default_rng(step)
+    x = torch.from_numpy(rng.standard_normal((12, 6)).astype(np.float32))
+    y = torch.from_numpy(rng.standard_normal((12, 2)).astype(np.float32))
+    opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
+np.save(OUT, np.concatenate([p.detach().numpy().ravel() for p in model.parameters()]))
+""",
+    "keras": """
+import os; os.environ["KERAS_BACKEND"] = "torch"
+import numpy as np, keras
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(2)])
+model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+rng = np.random.default_rng(5)
+x, y = rng.standard_normal((24, 6)).astype(np.float32), rng.standard_normal((24, 2)).astype(np.float32)
+model.fit(x, y, batch_size=12, epochs=4, shuffle=False, verbose=0)
+np.save(OUT, np.concatenate([np.asarray(keras.ops.convert_to_numpy(w)).ravel() for w in model.weights]))
+""",
+}
+
+
+@pytest.mark.parametrize("framework, kill_at", [("torch", 5), ("keras", 2)])
+def test_framework_states_roll_back_and_match_one_process(tmp_path, framework, kill_at):
+    pytest.importorskip("torch")
+    if framework == "keras":
+        pytest.importorskip("keras")
+    reference = tmp_path / "reference.npy"
+    made = subprocess.run([sys.executable, "-c", f"OUT = {str(reference)!r}\n" + REFERENCE[framework]],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-2000:]
+    done = subprocess.run([DDLRUN, "--elastic", "-np", "4", sys.executable, FRAMEWORKS_JOB, framework, "2",
+                           str(kill_at), str(tmp_path)], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "KERAS_BACKEND": "torch"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 2 of 4 lost; going on with 3" in done.stderr
+    want = np.load(reference)
+    for r in (0, 1, 3):  # the survivors, by their rank at launch
+        # the same global batches whatever the size: the failure must leave no trace (momentum included)
+        np.testing.assert_allclose(np.load(tmp_path / f"weights.{r}.npy"), want, rtol=1e-5, atol=1e-6)
