@@ -102,8 +102,8 @@ class Communicator:
         self.failure: RankFailure | None = None  # the rank failure that broke this communicator, if one did
         # every native run, kept in a small ring and written out when one fails (ddl.core.flight)
         runs = flight.runs_kept()
-        self._flight = flight.FlightRecorder(rank, size, [lv.name for lv in self.levels], runs) \
-            if executor is not None and runs > 0 else None
+        self._flight = flight.FlightRecorder(rank, size, [lv.name for lv in self.levels], runs,
+                                             _world_ranks(mpi_comm)) if executor is not None and runs > 0 else None
         if self._flight is not None and flight.folder():
             flight.install_signal_handler()  # kill -USR1 writes it too
         self._devices = None  # ddl.core.devices' collectives, made on the first GPU array
@@ -182,6 +182,8 @@ class Communicator:
         if self._recorder is not None and self.options.timeline:
             self._write_timeline(broken)
         self._recorder = None
+        if self._flight is not None:
+            flight.forget(self._flight)
         if self._devices is not None:
             self._devices.close()
             self._devices = None
@@ -582,6 +584,20 @@ def _work_buffer(a: np.ndarray, out: np.ndarray | None) -> tuple[np.ndarray, boo
             np.copyto(out, a.copy() if np.may_share_memory(out, a) else a)
         return out.reshape(-1), True
     return np.array(a, order="C").reshape(-1), False
+
+
+def _world_ranks(mpi_comm) -> list[int] | None:
+    """The MPI_COMM_WORLD rank of each rank of ``mpi_comm`` (None without one)."""
+    if mpi_comm is None:
+        return None
+    from mpi4py import MPI
+
+    mine, world = mpi_comm.Get_group(), MPI.COMM_WORLD.Get_group()
+    try:
+        return list(MPI.Group.Translate_ranks(mine, list(range(mine.size)), world))
+    finally:
+        mine.Free()
+        world.Free()
 
 
 def _failed_ranks(mpi_comm) -> list[int]:

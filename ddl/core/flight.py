@@ -36,11 +36,12 @@ _WAITING = re.compile(r"waiting on (send|receive \(\w+\)) (?:to|from) rank (\d+)
 class FlightRecorder:
     """One communicator's ring of runs. ``enter`` returns the run's number; ``leave`` or ``failed`` close it."""
 
-    def __init__(self, rank: int, size: int, levels: list[str], runs: int = 64):
+    def __init__(self, rank: int, size: int, levels: list[str], runs: int = 64, members: list[int] | None = None):
         self.rank, self.size, self.levels = rank, size, levels
+        self.members = list(members) if members is not None else list(range(size))  # world ranks, by rank
         self.ring: list[list | None] = [None] * max(2, runs)
         self.count = 0  # runs entered so far; the next run's number
-        self.index = _register(self)
+        self.key = _register(self)
 
     def enter(self, label: str, nbytes: int, algorithm: str) -> int:
         seq = self.count
@@ -64,8 +65,8 @@ class FlightRecorder:
                  "state": r[6], **(r[7] or {})} for r in kept]
 
     def to_dict(self) -> dict:
-        return {"communicator": self.index, "rank": self.rank, "size": self.size, "levels": self.levels,
-                "runs": self.runs()}
+        return {"communicator": self.key, "rank": self.rank, "size": self.size, "members": self.members,
+                "levels": self.levels, "runs": self.runs()}
 
 
 def failure_detail(message: str, phases, levels: list[str]) -> dict:
@@ -84,17 +85,30 @@ def failure_detail(message: str, phases, levels: list[str]) -> dict:
 
 # -- every live recorder of this process, and writing them ------------------------------------------------------
 
-_LIVE: "weakref.WeakValueDictionary[int, FlightRecorder]" = weakref.WeakValueDictionary()
+_LIVE: "weakref.WeakValueDictionary[str, FlightRecorder]" = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
-_NEXT = [0]
+_MADE: dict[tuple, int] = {}  # communicators made so far over each set of world ranks
 
 
-def _register(recorder: FlightRecorder) -> int:
+def _register(recorder: FlightRecorder) -> str:
+    """The communicator's name, the same on all its ranks: its world ranks and how many communicators over
+    exactly those ranks this process made before it (creation is collective over them, so they agree)."""
+    from .agreement import ranges
+
+    members = tuple(recorder.members)
     with _LOCK:
-        index = _NEXT[0]
-        _NEXT[0] += 1
-        _LIVE[index] = recorder
-    return index
+        ordinal = _MADE.get(members, 0)
+        _MADE[members] = ordinal + 1
+        key = f"ranks {ranges(sorted(members))} #{ordinal}"
+        _LIVE[key] = recorder
+    return key
+
+
+def forget(recorder: FlightRecorder) -> None:
+    """A closed communicator's ring is no longer written."""
+    with _LOCK:
+        if _LIVE.get(recorder.key) is recorder:
+            del _LIVE[recorder.key]
 
 
 def runs_kept(environ=os.environ) -> int:
@@ -114,14 +128,14 @@ def folder(environ=os.environ) -> str | None:
 
 
 def dump(reason: str, environ=os.environ) -> Path | None:
-    """Writes this process's recorders to DDL_FLIGHT_RECORDER/rank<R>.json (R: the world rank, from the first
-    communicator); returns the file, or None where no folder is set or there is nothing to write."""
+    """Writes this process's recorders to DDL_FLIGHT_RECORDER/rank<R>.json (R: the world rank); returns the
+    file, or None where no folder is set or there is nothing to write."""
     where_to = folder(environ)
     with _LOCK:
-        recorders = sorted(_LIVE.values(), key=lambda r: r.index)
+        recorders = sorted(_LIVE.values(), key=lambda r: r.key)
     if not where_to or not recorders:
         return None
-    rank = recorders[0].rank
+    rank = recorders[0].members[recorders[0].rank]
     data = {"format": FORMAT, "rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "reason": reason,
             "clock_ns": _native.clock_ns(), "communicators": [r.to_dict() for r in recorders]}
     path = Path(where_to) / f"rank{rank}.json"

@@ -22,6 +22,7 @@ deadline error (DDL_TIMEOUT), which ends the job (the flight recorder says who w
 """
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
 import io
@@ -158,6 +159,32 @@ def run(func):
     return elastic
 
 
+_LEAVING = []
+
+
+def _exit_without_finalize() -> None:
+    """Once a rank has failed, this process leaves without MPI_Finalize: with a failed rank in the job it was
+    seen to hang there over TCP (the emulated cluster), after the work was done. The exit status is kept: 1
+    after an uncaught exception, else 0 (or sys.exit's number). Registered last, it runs before the handlers
+    registered earlier (ddl's own, DDL_TIMELINE's), which are skipped too."""
+    if _LEAVING:
+        return
+    _LEAVING.append(0)
+    previous = sys.excepthook
+
+    def failed(kind, value, tb):
+        _LEAVING[0] = 1
+        previous(kind, value, tb)
+
+    def leave():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_LEAVING[0])
+
+    sys.excepthook = failed
+    atexit.register(leave)
+
+
 def _rank_failure_behind(error: BaseException) -> RankFailure | None:
     """The RankFailure that caused ``error``: in its chain of causes, or the one that broke ddl's world."""
     import ddl
@@ -173,6 +200,7 @@ def _rank_failure_behind(error: BaseException) -> RankFailure | None:
 def _recover(state: State) -> None:
     import ddl
 
+    _exit_without_finalize()
     recovered = shrink_world()
     state.recoveries.append(recovered)
     state.restore()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,14 +35,24 @@ class _Stop(Exception):
 
 
 def run(argv: list[str], env: dict[str, str] | None = None, timeout: float | None = None, capture: bool = False,
-        cleanup: Callable[[], None] | None = None) -> Outcome:
+        cleanup: Callable[[], None] | None = None, watch: Callable[[str], None] | None = None) -> Outcome:
     """Runs argv; returns its status, TIMED_OUT after ``timeout`` seconds, INTERRUPTED on SIGINT/SIGTERM/SIGHUP
-    (in the main thread). Whatever ended it, nothing it started is left running once this returns."""
-    proc = subprocess.Popen(argv, env=env, start_new_session=True,
-                            **({"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True} if capture else {}))
+    (in the main thread). Whatever ended it, nothing it started is left running once this returns. ``watch``
+    (not with ``capture``): every line of the launcher's stderr is passed on to ours as it comes and shown to
+    it."""
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True} if capture else \
+        {"stderr": subprocess.PIPE, "text": True, "errors": "replace"} if watch else {}
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, **pipes)
+    reader = threading.Thread(target=_pass_on, args=(proc.stderr, watch), daemon=True) if watch else None
+    if reader is not None:
+        reader.start()
     previous = _install_handlers()
     try:
-        out, err = proc.communicate(timeout=timeout)
+        if reader is not None:
+            proc.wait(timeout=timeout)
+            out = err = None
+        else:
+            out, err = proc.communicate(timeout=timeout)
         outcome = Outcome(proc.returncode, out, err)
     except subprocess.TimeoutExpired:
         outcome = Outcome(TIMED_OUT, timed_out=True)
@@ -52,12 +64,21 @@ def run(argv: list[str], env: dict[str, str] | None = None, timeout: float | Non
             _stop(proc)
     if outcome.returncode != 0 and cleanup is not None:
         cleanup()  # a failed job may leave ranks behind on other "hosts"
+    if reader is not None:
+        reader.join(timeout=GRACE_SECONDS)
     if capture and outcome.stdout is None:
         try:
             outcome.stdout, outcome.stderr = proc.communicate(timeout=GRACE_SECONDS)
         except subprocess.TimeoutExpired:  # something outside the group still holds the pipes
             outcome.stdout, outcome.stderr = "", ""
     return outcome
+
+
+def _pass_on(stream, watch: Callable[[str], None]) -> None:
+    for line in stream:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        watch(line)
 
 
 def _stop(proc: subprocess.Popen) -> None:

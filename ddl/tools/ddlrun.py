@@ -221,6 +221,23 @@ def _run_checks(hosts: list[str], ssh: list[str], python: str, local: set[str], 
     return not problems
 
 
+# Open MPI's runtime ends the whole job when it loses a host's daemon, ULFM or not (open-mpi/ompi#12227), and
+# then exits 0 in a fault-tolerant job: ddlrun reads its stderr for that notice so as not to report success.
+LOST_DAEMON = "lost communication with a remote daemon"
+LOST_HOST = 76
+
+
+def _supervise(p: launch.Launch, cmd: list[str], env: dict[str, str], timeout: float, cleanup=None) -> int:
+    lost: list[str] = []
+    watch = (lambda line: lost.append(line) if LOST_DAEMON in line else None) if p.job.fault_tolerant else None
+    outcome = supervise.run(cmd, env=env, timeout=timeout or None, cleanup=cleanup, watch=watch)
+    if lost and outcome.returncode == 0:
+        _say("a host was lost and Open MPI's runtime ended the job (it cannot go on without a host's daemon); "
+             "--elastic recovers from lost processes, not lost hosts")
+        return LOST_HOST
+    return _finish(outcome, timeout)
+
+
 def _finish(outcome: supervise.Outcome, timeout: float) -> int:
     if outcome.timed_out:
         _say(f"the job ran past --timeout {timeout:g} s; every rank was stopped")
@@ -258,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             local = {here.hostname, *hostlib.LOCAL_NAMES}
             if not _run_checks(p.rank_hosts, prelaunch.ssh_command(), here.python, local, args.verbose):
                 return CHECK_FAILED
-        return _finish(supervise.run(cmd, env={**os.environ, **env}, timeout=args.timeout or None), args.timeout)
+        return _supervise(p, cmd, {**os.environ, **env}, args.timeout)
     except DDLError as e:
         _say(str(e))
         return USAGE_ERROR
@@ -297,8 +314,8 @@ def _emulated(args, program: list[str]) -> int:
         agent = str(c.workdir / "agent.sh")
         if not (args.skipchecks or _run_checks(p.rank_hosts, [agent], here.python, set(), args.verbose)):
             return CHECK_FAILED
-        return _finish(supervise.run(c.exec_argv(c.rank_hosts[0], cmd), env={**os.environ, **env},
-                                     timeout=args.timeout or None, cleanup=c.kill_jobs), args.timeout)
+        return _supervise(p, c.exec_argv(c.rank_hosts[0], cmd), {**os.environ, **env}, args.timeout,
+                          cleanup=c.kill_jobs)
 
 
 if __name__ == "__main__":

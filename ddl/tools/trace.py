@@ -45,10 +45,10 @@ def _where_waiting(run: dict) -> str:
             f"{run.get('step', 'round ' + str(run['round']))}")
 
 
-def verdict(dumps: list[dict], communicator: int | None = None) -> list[str]:
+def verdict(dumps: list[dict], communicator: str | None = None) -> list[str]:
     """Lines that say, for each communicator with a run that did not finish on every rank (or the one asked
     for), which run that was, which ranks never entered it and where the others waited."""
-    by_comm: dict[int, dict[int, dict]] = {}
+    by_comm: dict[str, dict[int, dict]] = {}
     hosts = {d["rank"]: d["host"] for d in dumps}
     for d in dumps:
         for c in d["communicators"]:
@@ -61,8 +61,10 @@ def verdict(dumps: list[dict], communicator: int | None = None) -> list[str]:
     return lines or ["every rank's runs finished: nothing stuck in these files"]
 
 
-def _one_communicator(index: int, ranks: dict[int, dict], hosts: dict[int, str]) -> list[str]:
+def _one_communicator(name: str, ranks: dict[int, dict], hosts: dict[int, str]) -> list[str]:
     size = next(iter(ranks.values()))["size"]
+    members = next(iter(ranks.values())).get("members") or list(range(size))
+    hosts = {r: hosts.get(members[r], "?") for r in range(size)}  # by this communicator's ranks
     unfinished = [min((r["seq"] for r in c["runs"] if r["state"] != "done"), default=None) for c in ranks.values()]
     stuck = min((s for s in unfinished if s is not None), default=None)
     last = {r: max((run["seq"] for run in c["runs"]), default=-1) for r, c in ranks.items()}
@@ -72,7 +74,7 @@ def _one_communicator(index: int, ranks: dict[int, dict], hosts: dict[int, str])
         stuck = max(last.values())  # nothing failed, but some ranks got further: the others are behind
     runs_at = {r: next((run for run in c["runs"] if run["seq"] == stuck), None) for r, c in ranks.items()}
     example = next(run for run in runs_at.values() if run is not None)
-    lines = [f"communicator {index} ({size} ranks): run {_describe(example)} did not finish on every rank"]
+    lines = [f"communicator {name} ({size} ranks): run {_describe(example)} did not finish on every rank"]
     never = sorted(r for r, run in runs_at.items() if run is None and last[r] < stuck)
     for r in never:
         previous = max((run for run in ranks[r]["runs"]), key=lambda run: run["seq"], default=None)
@@ -112,7 +114,8 @@ def _parser() -> argparse.ArgumentParser:
     p = Parser(prog="ddl-trace", description=__doc__.split("\n\n")[0],
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("folder", help="the DDL_FLIGHT_RECORDER folder")
-    p.add_argument("--communicator", type=int, help="only this communicator (0: the first one each rank made)")
+    p.add_argument("--communicator", help="only this communicator, named as the verdict names it "
+                   "('ranks 0-7 #0': the first one over world ranks 0-7)")
     p.add_argument("--runs", type=int, default=0, help="also print each rank's last RUNS runs")
     return p
 

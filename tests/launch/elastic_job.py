@@ -5,7 +5,8 @@
 Weights w (1 MiB of float32) start at 0; at step s each rank's gradient is (rank + 1) * (s + 1) * ones, so the
 averaged gradient on n ranks is (n + 1) / 2 * (s + 1) and w -= 0.001 * that. The state commits every
 COMMIT_EVERY steps. KILL_SPEC ``R@S[:how]`` (comma-separated, by the rank's number at launch; ``-`` for none):
-rank R fails at step S: ``kill`` (SIGKILL, as a crash would), ``raise`` (a Python exception), ``recovery``
+rank R fails at step S: ``kill`` (SIGKILL, as a crash would), ``host`` (its MPI daemon, its parent, killed
+too: the host is lost), ``raise`` (a Python exception), ``recovery``
 (SIGKILL at the start of the first recovery's broadcast: a failure during recovery; S is ignored).
 Each survivor writes OUT_DIR/result.<launch rank>.json: its final weights' first value, its final size, the
 failures it saw and the recoveries.
@@ -47,6 +48,8 @@ def train(state):
         if launch_rank in kills and kills[launch_rank][0] == s and kills[launch_rank][1] != "recovery":
             if kills[launch_rank][1] == "raise":
                 raise RuntimeError(f"launch rank {launch_rank}: a bug at step {s}")
+            if kills[launch_rank][1] == "host":  # the host is lost: MPI's daemon there dies with the rank
+                os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         g = np.full(state.w.shape, (ddl.rank() + 1) * (s + 1), np.float32)
         try:
