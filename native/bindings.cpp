@@ -115,6 +115,7 @@ RunOptions native_options(const PyRunOptions& o) {
 // The one entry: returns whether every rank's header equalled this one's (true when there is none).
 bool run(Executor& ex, const PyPlan& plan, const py::buffer& buf, const PyRunOptions& o, const py::object& out) {
   RunOptions opt = native_options(o);
+  opt.bytes = plan.extent * static_cast<int64_t>(dtype_size(o.dtype));
   if (o.group != nullptr) {
     if (o.header || !out.is_none()) throw std::invalid_argument("a staged run takes no header and no out");
     char* staging = static_cast<char*>(writable_buffer(buf, o.dtype, plan.extent));
@@ -267,6 +268,14 @@ PYBIND11_MODULE(_native, m) {
         return py::make_tuple(out, dropped);
       }, "(spans as an (n, 4) int64 array: block, round, start ns, end ns; spans dropped past the bound), "
          "and clears them.")
+      .def("keep_runs", &Executor::keep_runs, py::arg("runs"),
+           "Keep the last `runs` runs for the flight recorder (0: none).")
+      .def("runs", [](const Executor& e) {
+        py::list out;
+        for (const RunRecord& r : e.runs())
+          out.append(py::make_tuple(r.seq, r.label, r.bytes, r.start_ns, r.end_ns, r.state));
+        return out;
+      }, "The kept runs, oldest first: (seq, label, bytes, start ns, end ns, state: 0 running, 1 done, 2 failed).")
       .def("run", &run, py::arg("plan"), py::arg("buffer"), py::arg("options"), py::arg("out") = py::none(),
            "Runs a pipeline on a contiguous buffer (GIL released); returns whether every rank's header agreed "
            "(true without one). With out (and a header): the small collective, run on a private copy of the "

@@ -102,7 +102,7 @@ class Communicator:
         self.failure: RankFailure | None = None  # the rank failure that broke this communicator, if one did
         # every native run, kept in a small ring and written out when one fails (ddl.core.flight)
         runs = flight.runs_kept()
-        self._flight = flight.FlightRecorder(rank, size, [lv.name for lv in self.levels], runs,
+        self._flight = flight.FlightRecorder(executor, rank, size, [lv.name for lv in self.levels], runs,
                                              _world_ranks(mpi_comm)) if executor is not None and runs > 0 else None
         if self._flight is not None and flight.folder():
             flight.install_signal_handler()  # kill -USR1 writes it too
@@ -206,18 +206,16 @@ class Communicator:
         """Runs a compiled pipeline on this communicator's executor (``_native.RunOptions``; ``out``: see
         _native.Executor.run); returns whether every rank's header agreed (True without one). The caller holds
         ``lock`` and has agreed first."""
-        flying = self._flight
-        if flying is not None:  # an agreement round's phases are level -1 (all ranks): name it so
-            what = plan.phases[0][1] if plan.phases and plan.phases[0][0] < 0 else plan.algorithm
-            seq = flying.enter(options.label, getattr(buffer, "nbytes", 0), what)
         try:
-            agreed = self._executor.run(plan.native, buffer, options, out)
+            return self._executor.run(plan.native, buffer, options, out)
         except DDLError as e:
             failure = self._name_failure(e, options.label, plan) if isinstance(e, RankFailure) else e
             if isinstance(failure, RankFailure):
                 self.failure = failure  # for ddl.elastic, where a framework wrapped the error in its own
-            if flying is not None and isinstance(e, TransportError):
-                flying.failed(seq, failure, plan.phases)
+            if self._flight is not None and isinstance(e, TransportError):
+                # an agreement round's phases are level -1 (all ranks): name it so
+                what = plan.phases[0][1] if plan.phases and plan.phases[0][0] < 0 else plan.algorithm
+                self._flight.failed(failure, what, plan.phases)
                 self._write_flight_recorder(failure)
             if failure is not e:
                 raise failure from None
@@ -225,9 +223,6 @@ class Communicator:
         finally:
             if self._recorder is not None:
                 self._recorder.ran(plan.phases, plan.algorithm, options.label)
-        if flying is not None:
-            flying.leave(seq)
-        return agreed
 
     def _name_failure(self, e: RankFailure, label: str, plan) -> RankFailure:
         """The native failure, said for people: which ranks died, on which hosts, in which call. A rank that saw

@@ -6,10 +6,10 @@ Written only where DDL_FLIGHT_RECORDER names a folder: ``rank<R>.json`` per rank
 
 A run's record: its number on the communicator (the same run has the same number on every rank, because
 every rank runs the same sequence of agreement and data runs), its label (the call, as the mismatch reports
-name it), bytes, algorithm, start and end on the executor's clock (``_native.clock_ns``, the timeline's), and
-for a failed run the error and, parsed from it, the peer waited on and the round, level and phase reached.
-Cost: two clock reads and a list store per run (README: not measurable at 8 B). DDL_FLIGHT_RECORDER_RUNS sets
-the ring's size (0: no recorder).
+name it), bytes, start and end on the executor's clock (``_native.clock_ns``, the timeline's), and for a
+failed run its algorithm, the error and, parsed from it, the peer waited on and the round, level and phase
+reached. The executor keeps the ring (benchmarks/flight_recorder.py: no cost measurable at 8 B);
+DDL_FLIGHT_RECORDER_RUNS sets its size (0: no recorder).
 """
 from __future__ import annotations
 
@@ -34,35 +34,32 @@ _WAITING = re.compile(r"waiting on (send|receive \(\w+\)) (?:to|from) rank (\d+)
 
 
 class FlightRecorder:
-    """One communicator's ring of runs. ``enter`` returns the run's number; ``leave`` or ``failed`` close it."""
+    """One communicator's ring of runs, kept by its executor (``keep_runs``: two clock reads and a string copy
+    per run, in C++). Python adds, for a failed run only, what its error says (``failed``)."""
 
-    def __init__(self, rank: int, size: int, levels: list[str], runs: int = 64, members: list[int] | None = None):
+    STATES = ("running", "done", "failed")
+
+    def __init__(self, executor, rank: int, size: int, levels: list[str], runs: int = 64,
+                 members: list[int] | None = None):
         self.rank, self.size, self.levels = rank, size, levels
         self.members = list(members) if members is not None else list(range(size))  # world ranks, by rank
-        self.ring: list[list | None] = [None] * max(2, runs)
-        self.count = 0  # runs entered so far; the next run's number
+        self._executor = executor
+        executor.keep_runs(max(2, runs))
+        self.details: dict[int, dict] = {}  # seq -> what a failed run's error says
         self.key = _register(self)
 
-    def enter(self, label: str, nbytes: int, algorithm: str) -> int:
-        seq = self.count
-        self.ring[seq % len(self.ring)] = [seq, label, nbytes, algorithm, _native.clock_ns(), 0, "open", None]
-        self.count = seq + 1
-        return seq
-
-    def leave(self, seq: int) -> None:
-        rec = self.ring[seq % len(self.ring)]
-        rec[5], rec[6] = _native.clock_ns(), "done"
-
-    def failed(self, seq: int, error: BaseException, phases) -> None:
-        rec = self.ring[seq % len(self.ring)]
-        rec[5], rec[6] = _native.clock_ns(), "failed"
-        rec[7] = failure_detail(str(error), phases, self.levels)
+    def failed(self, error: BaseException, algorithm: str, phases) -> None:
+        """The run that just failed (the last one the executor began)."""
+        kept = self._executor.runs()
+        if kept:
+            self.details[kept[-1][0]] = {"algorithm": algorithm,
+                                         **failure_detail(str(error), phases, self.levels)}
 
     def runs(self) -> list[dict]:
         """The kept runs, oldest first, as the files hold them."""
-        kept = sorted((r for r in self.ring if r is not None), key=lambda r: r[0])
-        return [{"seq": r[0], "label": r[1], "bytes": r[2], "algorithm": r[3], "start_ns": r[4], "end_ns": r[5],
-                 "state": r[6], **(r[7] or {})} for r in kept]
+        return [{"seq": seq, "label": label, "bytes": nbytes, "start_ns": start, "end_ns": end,
+                 "state": self.STATES[state], **self.details.get(seq, {})}
+                for seq, label, nbytes, start, end, state in self._executor.runs()]
 
     def to_dict(self) -> dict:
         return {"communicator": self.key, "rank": self.rank, "size": self.size, "members": self.members,

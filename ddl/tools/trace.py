@@ -33,11 +33,12 @@ def load(folder: str) -> list[dict]:
 
 
 def _describe(run: dict) -> str:
-    return f"#{run['seq']} {run['label']} ({format_size(run['bytes'])}, {run['algorithm']})"
+    how = f", {run['algorithm']}" if run.get("algorithm") else ""  # known for failed runs
+    return f"#{run['seq']} {run['label']} ({format_size(run['bytes'])}{how})"
 
 
 def _where_waiting(run: dict) -> str:
-    if run["state"] == "open":
+    if run["state"] == "running":
         return "still inside it when the file was written"
     if "waiting_on" not in run:
         return f"failed: {run.get('error', '?')}"
@@ -73,7 +74,8 @@ def _one_communicator(name: str, ranks: dict[int, dict], hosts: dict[int, str]) 
             return []
         stuck = max(last.values())  # nothing failed, but some ranks got further: the others are behind
     runs_at = {r: next((run for run in c["runs"] if run["seq"] == stuck), None) for r, c in ranks.items()}
-    example = next(run for run in runs_at.values() if run is not None)
+    entered = [run for run in runs_at.values() if run is not None]
+    example = next((run for run in entered if run.get("algorithm")), entered[0])
     lines = [f"communicator {name} ({size} ranks): run {_describe(example)} did not finish on every rank"]
     never = sorted(r for r, run in runs_at.items() if run is None and last[r] < stuck)
     for r in never:

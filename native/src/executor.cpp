@@ -264,6 +264,14 @@ std::vector<RoundSpan> Executor::take_spans(int64_t* dropped) {
   return out;
 }
 
+std::vector<RunRecord> Executor::runs() const {
+  std::vector<RunRecord> out;
+  for (const RunRecord& r : ring_)
+    if (r.seq >= 0) out.push_back(r);
+  std::sort(out.begin(), out.end(), [](const RunRecord& a, const RunRecord& b) { return a.seq < b.seq; });
+  return out;
+}
+
 Program make_program(const int64_t* rows, size_t nrows, int64_t scratch_elems, int32_t tags) {
   Program p;
   p.scratch_elems = scratch_elems;
@@ -309,13 +317,25 @@ void Executor::run(const Plan& plan, void* buf, RunOptions& opt) {
                          "); call ddl.finalize() and ddl.init() to recreate it");
   if (recording_) opt.spans = &spans_;
   const size_t before = spans_.size();
+  RunRecord* rec = nullptr;
+  if (!ring_.empty()) {
+    rec = &ring_[static_cast<size_t>(runs_ % static_cast<int64_t>(ring_.size()))];
+    rec->seq = runs_++;
+    rec->bytes = opt.bytes;
+    rec->end_ns = 0;
+    rec->state = 0;
+    rec->label.assign(opt.label);
+    rec->start_ns = clock_ns();
+  }
   try {
     Run(*t_, plan, static_cast<char*>(buf), opt, arena_).go();
+    if (rec) rec->end_ns = clock_ns(), rec->state = 1;
     if (spans_.size() > kMaxSpans) {  // nobody took them: keep the oldest, count the rest
       dropped_ += static_cast<int64_t>(spans_.size() - std::max(before, kMaxSpans));
       spans_.resize(std::max(before, kMaxSpans));
     }
   } catch (const std::exception& e) {
+    if (rec) rec->end_ns = clock_ns(), rec->state = 2;
     // Whatever stopped the run, messages of it may still be posted: cancel them and refuse further runs,
     // so nothing lands later in memory the caller has reused.
     t_->abandon();

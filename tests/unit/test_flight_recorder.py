@@ -1,10 +1,15 @@
 """The flight recorder's ring and ddl-trace's verdict on hand-written records (closed-form expected lines)."""
 import json
 
+import numpy as np
 import pytest
 
+import ddl
+from ddl import _native
 from ddl.core import flight
+from ddl.core.communicator import Communicator
 from ddl.tools import trace
+from test_loopback import spawn_on
 
 NATIVE = ("rank 2: allreduce(shape=(262144,), dtype=float32, op=sum) made no progress for 2 s (DDL_TIMEOUT); "
           "waiting on receive (reduce) from rank 3 (1048576 bytes, round 1, block 0). The peer may have died, or ranks called "
@@ -20,14 +25,19 @@ def test_the_failure_detail_names_peer_round_level_and_phase():
     assert flight.failure_detail("peer died", phases, []) == {"error": "peer died"}
 
 
-def test_the_ring_keeps_the_last_runs_in_order():
-    rec = flight.FlightRecorder(0, 4, ["node"], runs=3)
-    for i in range(5):
-        seq = rec.enter(f"call {i}", 8 * i, "ring")
-        rec.leave(seq)
-    runs = rec.runs()
-    assert [r["seq"] for r in runs] == [2, 3, 4] and [r["label"] for r in runs] == ["call 2", "call 3", "call 4"]
-    assert all(r["state"] == "done" and r["end_ns"] >= r["start_ns"] > 0 for r in runs)
+def test_the_executor_keeps_the_last_runs_in_order(monkeypatch):
+    # two loopback ranks, 5 small allreduces (one run each: the agreement round carries them), a ring of 3
+    monkeypatch.setenv("DDL_FLIGHT_RECORDER_RUNS", "3")
+    hub = _native.LoopbackHub(2)
+    comms = [Communicator.loopback(hub, r, ddl.options.parse("")) for r in range(2)]
+    results, errors = spawn_on(comms, lambda c: [c.allreduce(np.full(i + 1, 1.0, np.float32)) for i in range(5)])
+    assert errors == [None, None]
+    for comm in comms:
+        runs = comm._flight.runs()
+        assert [r["seq"] for r in runs] == [2, 3, 4] and [r["bytes"] for r in runs] == [12, 16, 20]
+        assert all(r["state"] == "done" and r["end_ns"] >= r["start_ns"] > 0 for r in runs)
+        assert runs[-1]["label"].startswith("allreduce(shape=(5,), dtype=float32")
+        comm.close()
 
 
 def _dump(rank, size, runs, host="h"):
@@ -61,7 +71,7 @@ def test_nothing_stuck_says_so():
 
 def test_ddl_trace_reads_a_folder_and_refuses_other_files(tmp_path, capsys):
     for r in range(2):
-        (tmp_path / f"rank{r}.json").write_text(json.dumps(_dump(r, 2, [_run(0), _run(1, "open")] if r == 0
+        (tmp_path / f"rank{r}.json").write_text(json.dumps(_dump(r, 2, [_run(0), _run(1, "running")] if r == 0
                                                                   else [_run(0)])))
     assert trace.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -78,7 +88,6 @@ def test_no_folder_writes_nothing(folder, monkeypatch):
         monkeypatch.delenv("DDL_FLIGHT_RECORDER", raising=False)
     else:
         monkeypatch.setenv("DDL_FLIGHT_RECORDER", folder)
-    flight.FlightRecorder(0, 2, [])
     assert flight.dump("test") is None
 
 

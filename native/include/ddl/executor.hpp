@@ -89,6 +89,15 @@ struct RunOptions {
   std::string label = "collective";
   BlockHooks* hooks = nullptr;     // not owned
   std::vector<RoundSpan>* spans = nullptr;  // when set, one span per block round is appended (not owned)
+  int64_t bytes = 0;               // the buffer's size, for the flight recorder
+};
+
+// One run as the flight recorder keeps it (ddl.core.flight): its number on this executor (the same run has
+// the same number on every rank), label, bytes, start and end on clock_ns, and how it ended.
+struct RunRecord {
+  int64_t seq = -1, bytes = 0, start_ns = 0, end_ns = 0;
+  int32_t state = 0;  // 0 running, 1 done, 2 failed
+  std::string label;
 };
 
 // Builds a Program from rows of kStepFields int64 (kStepFieldNames' order), sorted by round.
@@ -112,6 +121,9 @@ class Executor {
   bool recording() const { return recording_; }
   std::vector<RoundSpan> take_spans(int64_t* dropped = nullptr);
   static constexpr size_t kMaxSpans = size_t{1} << 22;
+  // The flight recorder: the last n runs in a ring (0: none). Two clock reads and a string copy per run.
+  void keep_runs(size_t n) { ring_.assign(n, RunRecord{}); }
+  std::vector<RunRecord> runs() const;  // oldest first
 
  private:
   std::shared_ptr<Transport> t_;
@@ -120,6 +132,8 @@ class Executor {
   bool recording_ = false;
   std::vector<RoundSpan> spans_;
   int64_t dropped_ = 0;
+  std::vector<RunRecord> ring_;
+  int64_t runs_ = 0;
 };
 
 }  // namespace ddl
