@@ -41,7 +41,7 @@ def run_once(n: int, pytest_args: list[str], timeout: int) -> tuple[bool, dict, 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 3, 4, 8])
     ap.add_argument("--timeout", type=int, default=900, help="seconds for one mpiexec job")
     ap.add_argument("pytest_args", nargs="*", default=["mpi"], help="relative to tests/")
     args = ap.parse_args()

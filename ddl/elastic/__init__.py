@@ -16,9 +16,10 @@ Under ``ddlrun --elastic`` (Open MPI with ULFM), when a rank dies every survivor
 ddl.RankFailure naming it; ``run`` then shrinks ddl's communicator to the survivors (ddl.elastic.recovery),
 rolls the state back to the last commit, broadcasts it from the new rank 0, calls the reset callbacks (to
 rescale a learning rate, say) and calls ``train`` again. What is lost: the work since the last commit. A
-rank that raises any other exception inside ``train`` is ended at once (by SIGKILL, after printing it), so
-that the others see a failure and go on instead of waiting on it. A live but silent rank is not a failure: it is a
-deadline error (DDL_TIMEOUT), which ends the job (the flight recorder says who was behind).
+rank that raises any other exception inside ``train`` in an elastic job is ended at once (by SIGKILL, after
+printing it), so that the others see a failure and go on instead of waiting on it; outside elastic jobs the
+exception propagates as usual. A live but silent rank is not a failure: it is a deadline error (DDL_TIMEOUT),
+which ends the job (the flight recorder says who was behind).
 """
 from __future__ import annotations
 
@@ -130,13 +131,13 @@ def run(func):
         first = True
         while True:
             try:
+                if failure is not None:  # inside the try: a failure during recovery is recovered from too
+                    _recover(state)      # (first: a failure in the first sync leaves a broken world behind)
+                    failure = None
                 if first:
                     state.sync()
                     state.commit()
                     first = False
-                if failure is not None:  # inside the try: a failure during recovery is recovered from too
-                    _recover(state)
-                    failure = None
                 return func(state, *args, **kwargs)
             except RankFailure as e:
                 failure = e
@@ -154,6 +155,8 @@ def run(func):
                     failure = behind
                     say(f"{behind} (inside {type(e).__name__})")
                     continue
+                if os.environ.get("DDL_ELASTIC") != "1":
+                    raise  # not an elastic job: nobody would recover, the job ends as it always has
                 # Not a failure ddl can recover from on this rank: end it now, without MPI_Finalize, so the
                 # others see a failed rank (and recover) rather than wait on one that is finalising.
                 traceback.print_exc()

@@ -85,8 +85,9 @@ def _one_communicator(name: str, ranks: dict[int, dict], hosts: dict[int, str]) 
         lines.append(f"  rank {r} ({hosts.get(r, '?')}) never entered it: {before}")
     missing = sorted(set(range(size)) - set(ranks))
     if missing:
-        lines.append(f"  {'rank' if len(missing) == 1 else 'ranks'} {ranges(missing)}: no file (dead before writing, or not signalled: kill -USR1 "
-                     f"a live rank to get its record)")
+        who = "rank" if len(missing) == 1 else "ranks"
+        lines.append(f"  {who} {ranges(missing)}: no file (dead before writing, or not signalled: kill -USR1 a live "
+                     f"rank to get its record)")
     groups: dict[str, list[int]] = {}
     for r, run in sorted(runs_at.items()):
         if run is not None:

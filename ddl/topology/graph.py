@@ -32,6 +32,7 @@ class Topology:
         self.placement: list[str] | None = placement  # rank -> device (or node) id, from the file
         self._version = 0  # bumped by every change; derived indexes are cached per version
         self._cache: dict = {}
+        self._templates: dict[str, list[str]] = {}  # copy_node's models, their vertices
         self._parent: dict[str, str | None] = {}  # plain copies of two vertex fields: read in hot loops
         self._kind: dict[str, str] = {}
         for v, d in self.graph.nodes(data=True):
@@ -81,7 +82,11 @@ class Topology:
         large regular machines (Summit's 4,608 nodes) would spend most of their loading time checking the
         same template again."""
         g, adj = self.graph, self.graph._adj
-        inside = list(self.subtree(model))
+        # The model's vertices, found once: each copy changes the graph, which would rebuild the children
+        # index for the next copy's walk (quadratic: 50 s for Summit)
+        inside = self._templates.get(model)
+        if inside is None:
+            inside = self._templates[model] = list(self.subtree(model))
         rename = {v: name + v[len(model):] for v in inside}
         rename[self.parent(model)] = parent
         for v in inside:

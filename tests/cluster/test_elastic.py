@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 
 from ddl import cluster
+from ddl.runner import mpirun
 
 WHY = cluster.available()
-pytestmark = [pytest.mark.skipif(WHY is not None, reason=str(WHY)), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.skipif(WHY is not None, reason=str(WHY)), pytest.mark.timeout(300),
+              pytest.mark.skipif(mpirun.flavor(mpirun.mpiexec_path()) != "openmpi",
+                                 reason="in-place recovery needs Open MPI's ULFM (MPICH refuses --elastic)")]
 JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch", "elastic_job.py")
 
 

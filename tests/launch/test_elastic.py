@@ -135,12 +135,12 @@ def test_framework_states_roll_back_and_match_one_process(tmp_path, framework, k
     made = subprocess.run([sys.executable, "-c", f"OUT = {str(reference)!r}\n" + REFERENCE[framework]],
                           capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr[-2000:]
-    done = subprocess.run([DDLRUN, "--elastic", "-np", "4", sys.executable, FRAMEWORKS_JOB, framework, "2",
+    done = subprocess.run([DDLRUN, "--elastic", "-np", "3", sys.executable, FRAMEWORKS_JOB, framework, "1",
                            str(kill_at), str(tmp_path)], capture_output=True, text=True, timeout=240,
                           env={**os.environ, "KERAS_BACKEND": "torch"})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "rank 2 of 4 lost; going on with 3" in done.stderr
+    assert "rank 1 of 3 lost; going on with 2" in done.stderr
     want = np.load(reference)
-    for r in (0, 1, 3):  # the survivors, by their rank at launch
+    for r in (0, 2):  # the survivors, by their rank at launch
         # the same global batches whatever the size: the failure must leave no trace (momentum included)
         np.testing.assert_allclose(np.load(tmp_path / f"weights.{r}.npy"), want, rtol=1e-5, atol=1e-6)

@@ -1,7 +1,8 @@
 """torch.distributed's "ddl" backend under MPI (mpi_suite.py at 2 and 4 ranks): the torch collectives give
 closed-form results; DistributedDataParallel on "ddl" trains the same weights as one process on the global
-batch (torch run locally on each rank), with no_sync accumulation, unused parameters, the fp16 hook and gradient_as_bucket_view; a
-new group gets its own communicator; what the backend cannot do is refused naming it."""
+batch (torch run locally on each rank), with no_sync accumulation, unused parameters, the fp16 hook and
+gradient_as_bucket_view; a new group gets its own communicator; what the backend cannot do is refused naming
+it."""
 import numpy as np
 import pytest
 

@@ -30,7 +30,8 @@ def test_the_executor_keeps_the_last_runs_in_order(monkeypatch):
     monkeypatch.setenv("DDL_FLIGHT_RECORDER_RUNS", "3")
     hub = _native.LoopbackHub(2)
     comms = [Communicator.loopback(hub, r, ddl.options.parse("")) for r in range(2)]
-    results, errors = spawn_on(comms, lambda c: [c.allreduce(np.full(i + 1, 1.0, np.float32)) for i in range(5)])
+    results, errors = spawn_on(comms, lambda c: [c.allreduce(np.full(i + 1, 1.0, np.float32))
+                                                 for i in range(5)])
     assert errors == [None, None]
     for comm in comms:
         runs = comm._flight.runs()
