@@ -128,6 +128,7 @@ np.save(OUT, np.concatenate([np.asarray(keras.ops.convert_to_numpy(w)).ravel() f
 
 @pytest.mark.parametrize("framework, kill_at", [("torch", 5), ("keras", 2)])
 def test_framework_states_roll_back_and_match_one_process(tmp_path, framework, kill_at):
+    # 3 ranks, one lost: the state is synced to a survivor that is not rank 0
     pytest.importorskip("torch")
     if framework == "keras":
         pytest.importorskip("keras")

@@ -22,7 +22,7 @@ RANK, SIZE = COMM.rank, COMM.size
 def test_the_verdict_names_the_rank_that_never_entered(tmp_path_factory, monkeypatch):
     folder = COMM.bcast(str(tmp_path_factory.mktemp("flight")) if RANK == 0 else None)
     monkeypatch.setenv("DDL_FLIGHT_RECORDER", folder)
-    comm = Communicator.from_mpi(COMM, replace(ddl.options.parse("-timeout 2"), small_bytes=0))
+    comm = Communicator.from_mpi(COMM, replace(ddl.options.parse("-timeout 1"), small_bytes=0))
     late = SIZE - 1
     try:
         np.testing.assert_array_equal(comm.allreduce(np.ones(10)), np.full(10, SIZE))  # all in step so far

@@ -1,4 +1,4 @@
-"""ddl.keras under MPI (run by mpi_suite.py at 2 and 4 ranks on the torch backend, and at 2 on tensorflow): the two
+"""ddl.keras under MPI (make train runs it at 2 ranks on the torch backend and on tensorflow): the two
 callbacks alone make every rank's weights identical and equal to one process training on the concatenated
 global batch; DDLCallback logs the mean over ranks; broadcast makes weights and optimizer state identical.
 Expected values come from Keras run locally on each rank and from numpy, never from ddl."""
