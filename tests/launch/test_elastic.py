@@ -126,9 +126,9 @@ np.save(OUT, np.concatenate([np.asarray(keras.ops.convert_to_numpy(w)).ravel() f
 }
 
 
-@pytest.mark.parametrize("framework, kill_at", [("torch", 5), ("keras", 2)])
-def test_framework_states_roll_back_and_match_one_process(tmp_path, framework, kill_at):
-    # 3 ranks, one lost: the state is synced to a survivor that is not rank 0
+@pytest.mark.parametrize("framework, ranks, kill_at", [("torch", 3, 5), ("keras", 2, 2)])
+def test_framework_states_roll_back_and_match_one_process(tmp_path, framework, ranks, kill_at):
+    # rank 1 is lost; torch's 3 ranks also sync the state to a survivor that is not rank 0 (Keras' 2: CI time)
     pytest.importorskip("torch")
     if framework == "keras":
         pytest.importorskip("keras")
@@ -136,12 +136,12 @@ def test_framework_states_roll_back_and_match_one_process(tmp_path, framework, k
     made = subprocess.run([sys.executable, "-c", f"OUT = {str(reference)!r}\n" + REFERENCE[framework]],
                           capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr[-2000:]
-    done = subprocess.run([DDLRUN, "--elastic", "-np", "3", sys.executable, FRAMEWORKS_JOB, framework, "1",
+    done = subprocess.run([DDLRUN, "--elastic", "-np", str(ranks), sys.executable, FRAMEWORKS_JOB, framework, "1",
                            str(kill_at), str(tmp_path)], capture_output=True, text=True, timeout=240,
                           env={**os.environ, "KERAS_BACKEND": "torch"})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "rank 1 of 3 lost; going on with 2" in done.stderr
+    assert f"rank 1 of {ranks} lost; going on with {ranks - 1}" in done.stderr
     want = np.load(reference)
-    for r in (0, 2):  # the survivors, by their rank at launch
+    for r in [0] + list(range(2, ranks)):  # the survivors, by their rank at launch
         # the same global batches whatever the size: the failure must leave no trace (momentum included)
         np.testing.assert_allclose(np.load(tmp_path / f"weights.{r}.npy"), want, rtol=1e-5, atol=1e-6)
