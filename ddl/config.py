@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .errors import DDLError
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -67,6 +69,15 @@ SETTINGS = {
 
 def get(name: str, environ=os.environ) -> str:
     return SETTINGS[name].get(environ)
+
+
+def get_whole(name: str, environ=os.environ, floor: int = 0, unit: str = "") -> int:
+    """A setting that is a whole number, raised to ``floor``; anything else is an error naming the setting."""
+    text = get(name, environ)
+    try:
+        return max(floor, int(text))
+    except ValueError:
+        raise DDLError(f"{name}={text!r}: expected a whole number{unit}") from None
 
 
 # Set by the launchers of Open MPI, MPICH/Hydra, PMIx and Slurm's PMI: the process belongs to an MPI job.

@@ -581,34 +581,30 @@ def _work_buffer(a: np.ndarray, out: np.ndarray | None) -> tuple[np.ndarray, boo
     return np.array(a, order="C").reshape(-1), False
 
 
+def ranks_in(group, comm) -> list[int]:
+    """The rank in ``comm`` of each member of ``group`` (an mpi4py Group, freed here), in the group's order;
+    members not in ``comm`` are left out."""
+    everyone = comm.Get_group()
+    try:
+        ranks = type(group).Translate_ranks(group, list(range(group.size)), everyone)
+    finally:
+        everyone.Free()
+        group.Free()
+    return [r for r in ranks if r >= 0]
+
+
 def _world_ranks(mpi_comm) -> list[int] | None:
     """The MPI_COMM_WORLD rank of each rank of ``mpi_comm`` (None without one)."""
     if mpi_comm is None:
         return None
     from mpi4py import MPI
 
-    mine, world = mpi_comm.Get_group(), MPI.COMM_WORLD.Get_group()
-    try:
-        return list(MPI.Group.Translate_ranks(mine, list(range(mine.size)), world))
-    finally:
-        mine.Free()
-        world.Free()
+    return ranks_in(mpi_comm.Get_group(), MPI.COMM_WORLD)
 
 
 def _failed_ranks(mpi_comm) -> list[int]:
     """The ranks of ``mpi_comm`` its MPI knows to have failed (ULFM's MPI_Comm_get_failed)."""
-    failed = mpi_comm.Get_failed()
-    try:
-        if failed.size == 0:
-            return []
-        everyone = mpi_comm.Get_group()
-        try:
-            ranks = type(failed).Translate_ranks(failed, list(range(failed.size)), everyone)
-        finally:
-            everyone.Free()
-        return sorted(r for r in ranks if r >= 0)
-    finally:
-        failed.Free()
+    return sorted(ranks_in(mpi_comm.Get_failed(), mpi_comm))
 
 
 def _deliver(result: np.ndarray, out: np.ndarray | None, in_out: bool) -> np.ndarray:

@@ -23,7 +23,6 @@ import weakref
 from pathlib import Path
 
 from .. import _native
-from ..errors import DDLError
 from .timeline import where
 
 FORMAT = 1
@@ -111,11 +110,7 @@ def forget(recorder: FlightRecorder) -> None:
 def runs_kept(environ=os.environ) -> int:
     from .. import config
 
-    text = config.get("DDL_FLIGHT_RECORDER_RUNS", environ)
-    try:
-        return max(0, int(text))
-    except ValueError:
-        raise DDLError(f"DDL_FLIGHT_RECORDER_RUNS={text!r}: expected a whole number of runs (0: none)") from None
+    return config.get_whole("DDL_FLIGHT_RECORDER_RUNS", environ, 0, " of runs (0: none)")
 
 
 def folder(environ=os.environ) -> str | None:

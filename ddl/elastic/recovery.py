@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from .. import config
+from ..core.communicator import ranks_in
 from ..errors import DDLError
 
 
@@ -27,11 +28,7 @@ class Recovered:
 
 
 def min_ranks(environ=os.environ) -> int:
-    text = config.get("DDL_ELASTIC_MIN_NP", environ)
-    try:
-        return max(1, int(text))
-    except ValueError:
-        raise DDLError(f"DDL_ELASTIC_MIN_NP={text!r}: expected a whole number of ranks") from None
+    return config.get_whole("DDL_ELASTIC_MIN_NP", environ, 1, " of ranks")
 
 
 def shrink_world(environ=os.environ) -> Recovered:
@@ -53,11 +50,8 @@ def shrink_world(environ=os.environ) -> Recovered:
         pass
     survivors = mpi.Shrink()
     try:
-        mine, theirs = mpi.Get_group(), survivors.Get_group()
-        kept = [r for r in type(mine).Translate_ranks(theirs, list(range(theirs.size)), mine)]
+        kept = ranks_in(survivors.Get_group(), mpi)  # each survivor's rank in the old communicator
         failed = sorted(set(range(old.size)) - set(kept))
-        mine.Free()
-        theirs.Free()
         floor = min_ranks(environ)
         if survivors.size < floor:
             raise TooFewRanks(f"rank {old.rank}: {len(failed)} rank(s) failed ({', '.join(map(str, failed))}); "

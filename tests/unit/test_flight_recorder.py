@@ -95,5 +95,5 @@ def test_no_folder_writes_nothing(folder, monkeypatch):
 def test_the_ring_size_setting_is_checked():
     assert flight.runs_kept({"DDL_FLIGHT_RECORDER_RUNS": "0"}) == 0
     assert flight.runs_kept({}) == 64
-    with pytest.raises(flight.DDLError, match="DDL_FLIGHT_RECORDER_RUNS='many'"):
+    with pytest.raises(ddl.DDLError, match="DDL_FLIGHT_RECORDER_RUNS='many'"):
         flight.runs_kept({"DDL_FLIGHT_RECORDER_RUNS": "many"})
