@@ -20,6 +20,11 @@ rank that raises any other exception inside ``train`` in an elastic job is ended
 printing it), so that the others see a failure and go on instead of waiting on it; outside elastic jobs the
 exception propagates as usual. A live but silent rank is not a failure: it is a deadline error (DDL_TIMEOUT),
 which ends the job (the flight recorder says who was behind).
+
+Under ddlrun's restarts (``--max-restarts``, ``--host-discovery-script``; ddl.runner.restarts) rank 0 also
+writes each commit to disk (ddl.elastic.persist) and ``run`` starts a launch from the last one; a commit also
+checks whether ddlrun has found more hosts, and if so every rank ends (HostsUpdated, status 77) for the job
+to be launched again on them.
 """
 from __future__ import annotations
 
@@ -35,12 +40,21 @@ import traceback
 
 import numpy as np
 
-from ..errors import RankFailure
+from ..errors import DDLError, RankFailure
+from . import persist
 from .recovery import Recovered, TooFewRanks, say, shrink_world
 
 EXIT_TOO_FEW = 75  # the status of every survivor when fewer than --min-np are left
 
-__all__ = ["State", "run", "RankFailure", "Recovered", "TooFewRanks"]
+__all__ = ["State", "run", "RankFailure", "Recovered", "TooFewRanks", "HostsUpdated"]
+
+
+class HostsUpdated(DDLError):
+    """ddlrun found more hosts (its --host-discovery-script): the job ends at this commit to restart on them."""
+
+    def __init__(self, message: str, generation: int):
+        super().__init__(message)
+        self.generation = generation
 
 
 class State:
@@ -54,6 +68,8 @@ class State:
         object.__setattr__(self, "_reset_callbacks", [])
         object.__setattr__(self, "commits", 0)
         object.__setattr__(self, "recoveries", [])  # Recovered, one per failure survived
+        object.__setattr__(self, "restarts", persist.restart_count())  # ddlrun's restarts before this launch
+        object.__setattr__(self, "_writer", None)
 
     def __getattr__(self, name):
         values = object.__getattribute__(self, "_values")
@@ -90,9 +106,53 @@ class State:
     # -- the user's side -------------------------------------------------------------------------------------
 
     def commit(self) -> None:
-        """Keeps the present values as the point a failure rolls back to (in memory, on every rank)."""
+        """Keeps the present values as the point a failure rolls back to (in memory, on every rank; under
+        ddlrun's restarts rank 0 also writes it to disk, off this thread), then checks for new hosts."""
         object.__setattr__(self, "_saved", self.save())
         object.__setattr__(self, "commits", self.commits + 1)
+        self._persist()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raises HostsUpdated on every rank alike when ddlrun has found more hosts since this launch (only
+        under its --host-discovery-script: one small broadcast from rank 0, which reads ddlrun's file)."""
+        import ddl
+
+        where, known = persist.folder(), os.environ.get("DDL_ELASTIC_GENERATION")
+        if where is None or known is None:
+            return
+        found = persist.hosts_generation(where) if ddl.rank() == 0 else 0
+        found = int(ddl.communicator().broadcast(np.array([found], np.int64), 0)[0])
+        if found > int(known):
+            raise HostsUpdated(f"ddlrun found more hosts (generation {found}); ending at commit {self.commits} "
+                               f"to restart on them", found)
+
+    def _persist(self) -> None:
+        import ddl
+
+        where = persist.folder()
+        if where is None or ddl.rank() != 0:
+            return
+        if self._writer is None:
+            object.__setattr__(self, "_writer", persist.Writer(where))
+        self._writer.write(self._saved)
+
+    def flush(self) -> None:
+        """Waits until the last commit is on disk (rank 0, under ddlrun's restarts; else nothing to wait for)."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def resume(self) -> bool:
+        """Rank 0 takes the commit a previous launch left in DDL_ELASTIC_STATE_DIR, if any (``run`` calls this
+        before its first sync, which gives it to the others). True when there was one."""
+        import ddl
+
+        where = persist.folder()
+        saved = persist.load(where) if where is not None and ddl.rank() == 0 else None
+        if saved is not None:
+            self.load(saved)
+            say(f"resuming from the commit in {where / persist.STATE_FILE} (restart {self.restarts})")
+        return saved is not None
 
     def restore(self) -> None:
         if self._saved is not None:
@@ -135,13 +195,18 @@ def run(func):
                     _recover(state)      # (first: a failure in the first sync leaves a broken world behind)
                     failure = None
                 if first:
+                    state.resume()
                     state.sync()
                     state.commit()
                     first = False
-                return func(state, *args, **kwargs)
+                result = func(state, *args, **kwargs)
+                state.flush()
+                return result
             except RankFailure as e:
                 failure = e
                 say(str(e))
+            except HostsUpdated as e:
+                _end_to_grow(state, e)
             except TooFewRanks as e:
                 # every survivor knows it (the shrink's result is the same everywhere): all end, none waits.
                 # No MPI_Finalize: with failed ranks in the job it may wait on them.
@@ -206,6 +271,20 @@ def _rank_failure_behind(error: BaseException) -> RankFailure | None:
             return seen
         seen = seen.__cause__ or seen.__context__
     return ddl.communicator().failure if ddl.initialized() else None
+
+
+def _end_to_grow(state: State, why: HostsUpdated) -> None:
+    """Every rank ends with EXIT_GROW once rank 0 has the commit on disk; ddlrun restarts on more hosts."""
+    import ddl
+
+    state.flush()
+    if ddl.rank() == 0:
+        persist.mark_growing(persist.folder(), why.generation)
+        say(str(why))
+    ddl.communicator().barrier()  # nobody ends (and has MPI's launcher stop the rest) before rank 0 has written
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(persist.EXIT_GROW)  # no MPI_Finalize: after a recovery it may wait on the failed ranks
 
 
 def _recover(state: State) -> None:

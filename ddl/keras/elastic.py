@@ -26,6 +26,14 @@ def _optimizer_variables(model) -> list:
     return list(optimizer.variables) if optimizer is not None else []
 
 
+def _build_optimizer(model) -> None:
+    """Builds the model's optimizer (its moments) now, as fit would, so that every rank holds the same
+    variables: rank 0 may have built it to take a commit from disk, the others not yet."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)
+
+
 def _values(variables) -> list[np.ndarray]:
     return [np.array(keras.ops.convert_to_numpy(v.value)) for v in variables]
 
@@ -41,6 +49,7 @@ class KerasState(State):
 
     def load(self, saved) -> None:
         super().load(saved["values"])
+        _build_optimizer(self.model)  # a restarted job loads a commit before fit has built it
         for v, value in zip(self.model.variables, saved["model"]):
             v.assign(value)
         variables = _optimizer_variables(self.model)
@@ -54,6 +63,7 @@ class KerasState(State):
 
     def sync(self, root: int = 0) -> None:
         super().sync(root)
+        _build_optimizer(self.model)  # on every rank alike: rank 0 may have built it to load a commit
         broadcast_variables(list(self.model.variables) + _optimizer_variables(self.model), root)
 
 

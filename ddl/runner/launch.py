@@ -68,6 +68,7 @@ class Request:
     elastic: bool = False                   # survive lost ranks in place (ULFM), down to min_np
     min_np: int | None = None
     max_np: int | None = None
+    restart_env: dict = field(default_factory=dict)  # from ddl.runner.restarts: the state folder, restart count
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,7 @@ def plan(req: Request, here: Machine) -> Launch:
         if req.max_np is not None and req.max_np < len(rank_hosts):
             raise LaunchError(f"--max-np {req.max_np} is less than the {len(rank_hosts)} ranks launched (-np)")
         settings.update(DDL_ELASTIC="1", DDL_ELASTIC_MIN_NP=str(low))
+    settings.update(req.restart_env)
     if "MASTER_PORT" not in here.environ and here.free_port and rank_hosts[0] in (here.hostname, *LOCAL_NAMES):
         # torch's TCP store listens on rank 0's host: a port found free there, not a fixed 29500 two jobs share
         settings["MASTER_PORT"] = str(here.free_port)

@@ -98,7 +98,8 @@ def _open_mpi(mpiexec: str, job: Job, root: bool, crowded: bool) -> tuple[list[s
 def _mpich(mpiexec: str, job: Job) -> tuple[list[str], dict[str, str]]:
     if job.fault_tolerant:
         raise DDLError("in-place recovery (--elastic) needs MPI's fault tolerance (ULFM), which MPICH's hydra "
-                         "does not offer: launch with Open MPI (the default wheel)")
+                         "does not offer: launch with Open MPI (the default wheel), or add --max-restarts N to "
+                         "launch the job again after a failure instead")
     cmd = [mpiexec]
     if job.agent:
         cmd += ["-launcher", "ssh", "-launcher-exec", job.agent]

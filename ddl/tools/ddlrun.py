@@ -18,6 +18,8 @@ exit status:
   2     usage error: bad option, host name, host file, rankfile, scheduler variable, placement or spec;
         or the emulated cluster cannot be built here
   3     a pre-launch check failed (each problem printed with its host)
+  75    elastic: fewer ranks than --min-np were left to go on in place (and no restart was left)
+  76    elastic: a host was lost, and with it Open MPI's runtime (and no restart was left)
   124   the job ran past --timeout and was stopped
   130   interrupted (Ctrl-C, SIGTERM, SIGHUP): every rank was stopped
 """
@@ -28,12 +30,14 @@ import os
 import shlex
 import socket
 import sys
+import time
 from dataclasses import replace
 
 from ..runner import hosts as hostlib
 from ..runner import launch
 from ..runner import mpirun
 from ..runner import prelaunch
+from ..runner import restarts
 from ..runner import supervise
 from ..errors import DDLError
 from .cli import Parser, one_line_errors
@@ -46,6 +50,12 @@ SCHEDULER_JOBS = ("SLURM_JOB_ID", "LSB_JOBID", "PBS_JOBID")  # inside an allocat
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
+def _whole(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
     return int(text)
 
 
@@ -83,7 +93,15 @@ def _parser() -> argparse.ArgumentParser:
         "the last ddl.elastic commit (Open MPI's ULFM; see README)")
     add("--min-np", "-min-np", dest="min_np", type=_positive, help="elastic: the fewest ranks to go on with "
         "(horovodrun's flag; giving it asks for --elastic)")
-    add("--max-np", "-max-np", dest="max_np", type=_positive, help="elastic: the most ranks (default -np)")
+    add("--max-np", "-max-np", dest="max_np", type=_positive, help="elastic: the most ranks (default -np); "
+        "with --host-discovery-script the job grows up to it on new hosts")
+    add("--max-restarts", "--reset-limit", dest="max_restarts", type=_whole, default=0,
+        help="launch the job again after a failure, up to this many times, from the last ddl.elastic commit "
+             "(torchrun's flag; horovodrun's --reset-limit; default 0)")
+    add("--host-discovery-script", dest="discovery", metavar="SCRIPT", help="an executable printing the hosts "
+        "available now, 'host:slots' a line; run before every launch and every --discovery-interval seconds")
+    add("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
+        help="seconds between two runs of the discovery script while the job runs (default 1, as horovodrun)")
     add("--version", action="store_true", help="print ddl's version and exit")
     return ap
 
@@ -166,6 +184,30 @@ def _hosts(args) -> tuple[str, list[hostlib.Host] | None, list[str] | None]:
     return "this machine", None, None
 
 
+def _policy(args) -> restarts.Policy:
+    if args.discovery and (args.host or args.hostfile or args.rankfile):
+        raise DDLError("--host-discovery-script lists the hosts: drop -H, --hostfile and --rankfile")
+    if args.discovery_interval <= 0:
+        raise DDLError(f"--discovery-interval must be positive, got {args.discovery_interval:g}")
+    if args.min_np and args.np and args.min_np > args.np:
+        raise DDLError(f"--min-np {args.min_np} is more than the {args.np} ranks launched (-np)")
+    if args.max_np and args.np and args.max_np < args.np:
+        raise DDLError(f"--max-np {args.max_np} is less than the {args.np} ranks launched (-np)")
+    return restarts.Policy(max_restarts=args.max_restarts, script=args.discovery, min_np=args.min_np or 1,
+                           max_np=args.max_np, interval=args.discovery_interval)
+
+
+def _in_place(args, kind: str, policy: restarts.Policy) -> bool:
+    """Whether the job recovers in place (ULFM). MPICH has no ULFM: with restarts an elastic job is launched
+    again instead; without, its launcher refuses (ddl.runner.mpirun says why)."""
+    asked = args.elastic or args.min_np is not None
+    if asked and kind == "mpich" and policy.active:
+        _say("MPICH has no fault tolerance (ULFM): a lost rank ends the launch, and the job is launched again "
+             "(--max-restarts)")
+        return False
+    return asked
+
+
 def _request(args, program, hosts, rank_hosts, **extra) -> launch.Request:
     try:
         mpiargs = tuple(w for a in args.mpiarg for w in shlex.split(a))
@@ -175,8 +217,7 @@ def _request(args, program, hosts, rank_hosts, **extra) -> launch.Request:
         program=program, np=args.np, hosts=hosts, rank_hosts=rank_hosts, mode=args.mode,
         ddloption=" ".join(args.ddloption), no_ddloptions=args.no_ddloptions, accelerators=args.accelerators,
         nodes=args.nodes, racks=args.racks, aisles=args.aisles,
-        mpiargs=mpiargs, tcp=args.tcp, elastic=args.elastic or args.min_np is not None, min_np=args.min_np,
-        max_np=args.max_np,
+        mpiargs=mpiargs, tcp=args.tcp, elastic=args.in_place, min_np=args.min_np, max_np=args.max_np,
         output_dir=os.path.abspath(args.output_filename) if args.output_filename else None, **extra)
 
 
@@ -224,7 +265,6 @@ def _run_checks(hosts: list[str], ssh: list[str], python: str, local: set[str], 
 # Open MPI's runtime ends the whole job when it loses a host's daemon, ULFM or not (open-mpi/ompi#12227), and
 # then exits 0 in a fault-tolerant job: ddlrun reads its stderr for that notice so as not to report success.
 LOST_DAEMON = "lost communication with a remote daemon"
-LOST_HOST = 76
 
 
 def _supervise(p: launch.Launch, cmd: list[str], env: dict[str, str], timeout: float, cleanup=None) -> int:
@@ -233,8 +273,8 @@ def _supervise(p: launch.Launch, cmd: list[str], env: dict[str, str], timeout: f
     outcome = supervise.run(cmd, env=env, timeout=timeout or None, cleanup=cleanup, watch=watch)
     if lost and outcome.returncode == 0:
         _say("a host was lost and Open MPI's runtime ended the job (it cannot go on without a host's daemon); "
-             "--elastic recovers from lost processes, not lost hosts")
-        return LOST_HOST
+             "--elastic recovers in place from lost processes, not lost hosts (--max-restarts launches again)")
+        return restarts.LOST_HOST
     return _finish(outcome, timeout)
 
 
@@ -261,21 +301,32 @@ def main(argv: list[str] | None = None) -> int:
     if not program:
         ap.error("no program given")
     try:
+        policy = _policy(args)
+        args.in_place = _in_place(args, _mpiexec(args.mpi)[1], policy)
         if args.emulate:
-            return _emulated(args, program)
+            return _emulated(args, program, policy)
         source, hosts, rank_hosts = _hosts(args)
         here = _machine()
-        p, cmd, env = _prepare(args, program, source, hosts, rank_hosts, here)
-        if args.dry_run:
-            return 0
-        skip = checks_skipped(args, os.environ)
-        if p.remote and skip and args.verbose:
-            _say(f"pre-launch checks skipped: {skip}")
-        if p.remote and not skip:
-            local = {here.hostname, *hostlib.LOCAL_NAMES}
-            if not _run_checks(p.rank_hosts, prelaunch.ssh_command(), here.python, local, args.verbose):
-                return CHECK_FAILED
-        return _supervise(p, cmd, {**os.environ, **env}, args.timeout)
+
+        def launch_once(hosts_now, np, restart_env) -> int:
+            source_now = f"--host-discovery-script {args.discovery}" if args.discovery else source
+            p, cmd, env = _prepare(_with(args, np), program, source_now, hosts_now, rank_hosts, here,
+                                   restart_env=restart_env)
+            if args.dry_run:
+                return 0
+            skip = checks_skipped(args, os.environ)
+            if p.remote and skip and args.verbose:
+                _say(f"pre-launch checks skipped: {skip}")
+            if p.remote and not skip:
+                local = {here.hostname, *hostlib.LOCAL_NAMES}
+                if not _run_checks(p.rank_hosts, prelaunch.ssh_command(), here.python, local, args.verbose):
+                    raise restarts.NotLaunched(CHECK_FAILED)
+            return _supervise(p, cmd, {**os.environ, **env}, _time_left(args.timeout, started))
+
+        started = time.monotonic()
+        return restarts.run(policy, hosts, args.np, launch_once, _say)
+    except restarts.NotLaunched as e:
+        return e.status
     except DDLError as e:
         _say(str(e))
         return USAGE_ERROR
@@ -284,7 +335,17 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE_ERROR
 
 
-def _emulated(args, program: list[str]) -> int:
+def _time_left(timeout: float, started: float) -> float:
+    """--timeout covers every launch of the job together: what is left of it (0: no timeout)."""
+    return max(timeout - (time.monotonic() - started), 0.001) if timeout else 0
+
+
+def _with(args, np: int | None):
+    """args with this launch's number of ranks (a restart may have fewer or more)."""
+    return argparse.Namespace(**{**vars(args), "np": np})
+
+
+def _emulated(args, program: list[str], policy: restarts.Policy) -> int:
     """The same launch inside an emulated cluster: hosts are its nodes, ssh is its agent, checks included."""
     from .. import cluster
     from ..cluster import spec as emulate
@@ -292,30 +353,36 @@ def _emulated(args, program: list[str]) -> int:
     if args.host or args.hostfile or args.rankfile:
         raise DDLError("--emulate places the ranks itself: drop -H, --hostfile and --rankfile")
     c = cluster.Cluster(emulate.topology(args.emulate))
-    if args.np and args.np != c.nranks:
+    if args.np and args.np != c.nranks and not args.discovery:
         raise DDLError(f"--emulate {args.emulate} runs {c.nranks} ranks; -np {args.np} disagrees")
     here = _machine()
 
-    def planned(workdir: str) -> tuple[launch.Launch, list[str], dict[str, str]]:
-        # The job plans over the cluster's switches: its topology file travels in DDL_TOPOLOGY.
+    def planned(workdir: str, hosts, np, restart_env) -> tuple[launch.Launch, list[str], dict[str, str]]:
+        # The job plans over the cluster's switches: its topology file travels in DDL_TOPOLOGY. A discovery
+        # script names some of the cluster's nodes; else every rank of the cluster runs.
         topology = {"DDL_TOPOLOGY": f"{workdir}/topology.json"}
-        p, cmd, env = _prepare(args, program, f"--emulate {args.emulate}", None, c.rank_hosts,
+        p, cmd, env = _prepare(_with(args, np), program, f"--emulate {args.emulate}", hosts,
+                               None if hosts else c.rank_hosts,
                                replace(here, environ={**here.environ, **topology}), agent=f"{workdir}/agent.sh",
-                               iface="eth0" if c.links else "lo")
+                               iface="eth0" if c.links else "lo", restart_env=restart_env)
         return p, cmd, {**env, **topology}
 
     if args.dry_run:
-        planned("<cluster>")
+        planned("<cluster>", None, args.np, {})
         return 0
     if (why := cluster.available()) is not None:
         raise DDLError(why)
     with c:
-        p, cmd, env = planned(str(c.workdir))
-        agent = str(c.workdir / "agent.sh")
-        if not (args.skipchecks or _run_checks(p.rank_hosts, [agent], here.python, set(), args.verbose)):
-            return CHECK_FAILED
-        return _supervise(p, c.exec_argv(c.rank_hosts[0], cmd), {**os.environ, **env}, args.timeout,
-                          cleanup=c.kill_jobs)
+        def launch_once(hosts, np, restart_env) -> int:
+            p, cmd, env = planned(str(c.workdir), hosts, np, restart_env)
+            agent = str(c.workdir / "agent.sh")
+            if not (args.skipchecks or _run_checks(p.rank_hosts, [agent], here.python, set(), args.verbose)):
+                raise restarts.NotLaunched(CHECK_FAILED)
+            return _supervise(p, c.exec_argv(p.rank_hosts[0], cmd), {**os.environ, **env},
+                              _time_left(args.timeout, started), cleanup=c.kill_jobs)
+
+        started = time.monotonic()
+        return restarts.run(policy, None, args.np, launch_once, _say)
 
 
 if __name__ == "__main__":

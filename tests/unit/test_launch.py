@@ -286,3 +286,31 @@ def test_elastic_asks_open_mpi_for_ulfm_and_is_refused_on_mpich():
         launch.plan(Request(["prog"], np=4, elastic=True, max_np=3), CPU_BOX)
     assert "--with-ft" not in mpirun.build("openmpi", "/v/bin/mpiexec",
                                            launch.plan(Request(["prog"], np=4), CPU_BOX).job, True, 2)[0]
+
+
+def test_restart_flags_torchrun_and_horovodrun_spellings(monkeypatch, capsys):
+    ap = ddlrun._parser()
+    for flag in ("--max-restarts", "--reset-limit"):
+        assert ap.parse_args([flag, "3"]).max_restarts == 3
+    policy = ddlrun._policy(ap.parse_args(["--min-np", "2", "--max-np", "8", "--host-discovery-script", "s.sh"]))
+    assert (policy.min_np, policy.max_np, policy.script, policy.max_restarts, policy.active) == (2, 8, "s.sh", 0,
+                                                                                                 True)
+    for argv, wanted in ((["--host-discovery-script", "s.sh", "-H", "a"], "drop -H"),
+                         (["--discovery-interval", "0"], "must be positive"),
+                         (["-np", "4", "--min-np", "5"], "--min-np 5 is more than the 4 ranks")):
+        with pytest.raises(ddlrun.DDLError, match=wanted):
+            ddlrun._policy(ap.parse_args(argv))
+    # MPICH has no ULFM: with restarts an elastic job is launched again instead of refused; without, refused
+    args = ap.parse_args(["--elastic", "--max-restarts", "2"])
+    assert ddlrun._in_place(args, "mpich", ddlrun._policy(args)) is False
+    assert "launched again" in capsys.readouterr().err
+    assert ddlrun._in_place(args, "openmpi", ddlrun._policy(args)) is True
+    args = ap.parse_args(["--min-np", "2"])
+    assert ddlrun._in_place(args, "mpich", ddlrun._policy(args)) is True  # and mpirun.build refuses it (above)
+
+
+def test_a_restart_launch_gives_every_rank_its_folder_and_count():
+    p = launch.plan(Request(["prog"], np=2, restart_env={"DDL_ELASTIC_STATE_DIR": "/s", "DDL_ELASTIC_RESTART": "1"}),
+                    CPU_BOX)
+    assert p.job.set_env["DDL_ELASTIC_STATE_DIR"] == "/s" and p.job.set_env["DDL_ELASTIC_RESTART"] == "1"
+    assert "DDL_ELASTIC" not in p.job.set_env and not p.job.fault_tolerant  # restarts alone: no ULFM
