@@ -163,6 +163,21 @@ class Cluster:
     def nranks(self) -> int:
         return len(self.rank_hosts)
 
+    def topology_for(self, rank_hosts: list[str]) -> topo.Topology:
+        """The cluster's topology with a job's ranks placed on it: rank r on the next of its host's places
+        (a job on some of the hosts, as an elastic job launched again after losing one)."""
+        t = self.topology
+        places: dict[str, list[str]] = {}
+        for device, host in zip(t.placement or t.place(None, t.capacity()), self.rank_hosts):
+            places.setdefault(host, []).append(device)
+        placement = []
+        for r, host in enumerate(rank_hosts):
+            if not places.get(host):
+                raise ClusterError(f"rank {r}: host {host!r} is not in the cluster or has no place left "
+                                   f"(hosts: {', '.join(dict.fromkeys(self.rank_hosts))})")
+            placement.append(places[host].pop(0))
+        return topo.Topology(t.name, t.graph, placement)
+
     def _links(self, switches: list[str]) -> list[Link]:
         """A node's link runs from its eth0 to port n<i> of its switch's bridge; a switch's uplink from port u<i>
         of its bridge to port d<i> of its parent's."""

@@ -32,6 +32,7 @@ import socket
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from ..runner import hosts as hostlib
 from ..runner import launch
@@ -358,13 +359,15 @@ def _emulated(args, program: list[str], policy: restarts.Policy) -> int:
     here = _machine()
 
     def planned(workdir: str, hosts, np, restart_env) -> tuple[launch.Launch, list[str], dict[str, str]]:
-        # The job plans over the cluster's switches: its topology file travels in DDL_TOPOLOGY. A discovery
-        # script names some of the cluster's nodes; else every rank of the cluster runs.
-        topology = {"DDL_TOPOLOGY": f"{workdir}/topology.json"}
+        # The job plans over the cluster's switches: its topology file, with its ranks placed, travels in
+        # DDL_TOPOLOGY. A discovery script names some of the cluster's nodes; else every rank of the cluster runs.
+        topology = {"DDL_TOPOLOGY": f"{workdir}/job-topology.json"}
         p, cmd, env = _prepare(_with(args, np), program, f"--emulate {args.emulate}", hosts,
                                None if hosts else c.rank_hosts,
                                replace(here, environ={**here.environ, **topology}), agent=f"{workdir}/agent.sh",
                                iface="eth0" if c.links else "lo", restart_env=restart_env)
+        if c.workdir is not None:
+            Path(topology["DDL_TOPOLOGY"]).write_text(c.topology_for(p.rank_hosts).to_json())
         return p, cmd, {**env, **topology}
 
     if args.dry_run:

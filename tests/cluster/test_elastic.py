@@ -1,7 +1,7 @@
 """Elastic jobs across an emulated cluster (root and network namespaces; skipped otherwise): 4 hosts in 2
 racks, one rank each, over TCP. A lost process: the survivors on the other hosts shrink, re-plan and finish
-with the closed form. A lost host (its MPI daemon dies with the rank): Open MPI's runtime ends the job, and
-ddlrun says so with status 76 instead of the 0 the runtime returns."""
+with the closed form. A lost host (its MPI daemon dies with the rank): Open MPI's runtime ends the job (ddlrun
+says so, where the runtime returns 0), and ddlrun launches it again on the hosts its discovery script lists."""
 import json
 import os
 import subprocess
@@ -20,10 +20,10 @@ pytestmark = [pytest.mark.skipif(WHY is not None, reason=str(WHY)), pytest.mark.
 JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch", "elastic_job.py")
 
 
-def run(tmp_path, spec: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddl.tools.ddlrun", "--emulate", "2x2x1", "--elastic",
+def run(tmp_path, spec: str, *flags) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddl.tools.ddlrun", "--emulate", "2x2x1", "--elastic", *flags,
                            sys.executable, JOB, "20", "5", spec, str(tmp_path)], capture_output=True, text=True,
-                          timeout=240)
+                          timeout=240, cwd=tmp_path)
 
 
 def test_a_lost_process_across_hosts_is_survived(tmp_path):
@@ -38,8 +38,18 @@ def test_a_lost_process_across_hosts_is_survived(tmp_path):
         np.testing.assert_allclose(got["w0"], -0.001 * (2.5 * 55 + 2 * 155), rtol=1e-5)
 
 
-def test_a_lost_host_ends_the_job_and_ddlrun_says_so(tmp_path):
-    done = run(tmp_path, "3@12:host")
-    assert done.returncode == 76, done.stderr[-3000:]
+def test_a_lost_host_ends_the_launch_and_the_job_goes_on_on_the_hosts_left(tmp_path):
+    # the hosts a discovery script lists; the rank that takes node3 down with it strikes node3 off
+    (tmp_path / "hosts").write_text("".join(f"node{i}:1\n" for i in range(4)))
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")
+    script.chmod(0o755)
+    done = run(tmp_path, "3@12:host", "--max-restarts", "1", "--host-discovery-script", str(script))
+    assert done.returncode == 0, done.stderr[-3000:]
     assert "a host was lost and Open MPI's runtime ended the job" in done.stderr
-    assert not list(tmp_path.glob("result.*.json"))
+    assert "restart 1 of 1: a host was lost" in done.stderr
+    # launched again on node0-2 from the commit at step 10 (on disk): the same closed form as in place
+    for r in range(3):
+        got = json.loads((tmp_path / f"result.{r}.json").read_text())
+        assert got["size"] == 3 and got["starts"] == [10] and got["restarts"] == 1
+        np.testing.assert_allclose(got["w0"], -0.001 * (2.5 * 55 + 2 * 155), rtol=1e-5)

@@ -6,7 +6,7 @@ Weights w (1 MiB of float32) start at 0; at step s each rank's gradient is (rank
 averaged gradient on n ranks is (n + 1) / 2 * (s + 1) and w -= 0.001 * that. The state commits every
 COMMIT_EVERY steps. KILL_SPEC ``R@S[:how]`` (comma-separated, by the rank's number at launch; ``-`` for none):
 rank R fails at step S: ``kill`` (SIGKILL, as a crash would), ``host`` (its MPI daemon, its parent, killed
-too: the host is lost), ``raise`` (a Python exception), ``recovery``
+too: the host is lost; it leaves OUT_DIR/hosts, where that lists hosts for a discovery script), ``raise`` (a Python exception), ``recovery``
 (SIGKILL at the start of the first recovery's broadcast: a failure during recovery; S is ignored).
 Failures happen in the first launch only (DDL_ELASTIC_RESTART 0): a job ddlrun launches again runs clean.
 ``grow@S`` (rank 0 only, with ddlrun --host-discovery-script): at step S rank 0 adds slots to the host list the
@@ -17,6 +17,7 @@ failures it saw, the recoveries, the step each call of train started at and ddlr
 import json
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -62,6 +63,7 @@ def train(state):
             if kills[launch_rank][1] == "raise":
                 raise RuntimeError(f"launch rank {launch_rank}: a bug at step {s}")
             if kills[launch_rank][1] == "host":  # the host is lost: MPI's daemon there dies with the rank
+                _drop_this_host()
                 os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         g = np.full(state.w.shape, (ddl.rank() + 1) * (s + 1), np.float32)
@@ -73,6 +75,16 @@ def train(state):
         state.step = s + 1
         if state.step % every == 0:
             state.commit()
+
+
+def _drop_this_host():
+    """A discovery script that lists OUT_DIR/hosts lists this host no more."""
+    hosts = os.path.join(out, "hosts")
+    if os.path.exists(hosts):
+        kept = [h for h in open(hosts).read().split() if h.split(":")[0] != socket.gethostname()]
+        with open(hosts + ".new", "w") as f:
+            f.write("".join(f"{h}\n" for h in kept))
+        os.replace(hosts + ".new", hosts)
 
 
 def _add_a_host():

@@ -140,3 +140,19 @@ def test_aisles_of_racks():
     assert t.graph.edges["aisle0", "spine"]["bandwidth"] == pytest.approx(25e6 / 8e9)
     assert t.graph.edges["rack0", "aisle0"]["bandwidth"] == pytest.approx(100e6 / 8e9)
     assert len(t.placement) == 8
+
+
+def test_a_job_on_some_hosts_gets_the_topology_with_its_ranks_placed():
+    from collections import Counter
+
+    from ddl.cluster.emulated import Cluster, ClusterError
+
+    c = Cluster("2x2x2")  # 2 racks x 2 nodes x 2 ranks; nothing is built until it is entered
+    full = c.topology_for(c.rank_hosts)
+    assert full.placement == c.topology.placement or full.placement == c.topology.place(None, 8)
+    hosts = list(dict.fromkeys(c.rank_hosts))
+    some = c.topology_for([hosts[0], hosts[0], hosts[3]])  # a launch after the middle hosts were lost
+    assert [some.host_of(d) for d in some.placement] == [hosts[0], hosts[0], hosts[3]]
+    assert not Counter(some.placement) - Counter(full.placement)  # each place of the cluster used once at most
+    with pytest.raises(ClusterError, match=r"rank 2: host .* no place left"):
+        c.topology_for([hosts[1]] * 3)
