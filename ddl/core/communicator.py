@@ -32,7 +32,7 @@ from ..schedule.compile import CompiledPipeline, compile_blocks, native_program
 from ..topology import discover
 from ..topology.switches import switch_levels
 from ..topology import tree as hierarchical
-from . import devices, flight, timeline
+from . import devices, flight, rollcall, timeline
 from .asynchronous import Handle, Worker
 from .agreement import CAPACITY, Agreement, hash64
 from .diagnostics import CallTimer, check_against_mpi
@@ -76,6 +76,9 @@ class Communicator:
         self.options = o = options or parse()
         self._executor = executor
         self._mpi = mpi_comm  # kept alive for the executor; also the reference for -check
+        # the deadline's roll call (ddl.core.rollcall) talks on a communicator of its own: the executor's
+        # receives left posted by a failed call must never take its words
+        self._roll = mpi_comm.Dup() if mpi_comm is not None and size > 1 else None
         self.rank, self.size = rank, size
         self.local_rank, self.local_size, self.num_hosts = local or (rank, size, 1)
         self.lock = threading.Lock()  # one collective's steps at a time (ddl.gpu holds it around its own)
@@ -194,6 +197,12 @@ class Communicator:
             else:
                 self._mpi.Free()
             self._mpi = None
+        if self._roll is not None:
+            if broken:  # words of a roll call may still be on their way
+                _KEPT_AFTER_FAILURE.append(self._roll)
+            else:
+                self._roll.Free()
+            self._roll = None
 
     # -- the seam other parts build on ------------------------------------------------------------------
 
@@ -209,7 +218,8 @@ class Communicator:
         try:
             return self._executor.run(plan.native, buffer, options, out)
         except DDLError as e:
-            failure = self._name_failure(e, options.label, plan) if isinstance(e, RankFailure) else e
+            failure = self._name_failure(e, options.label, plan) if isinstance(e, RankFailure) else \
+                self._name_absent(e, options.label) if _is_deadline(e) else e
             if isinstance(failure, RankFailure):
                 self.failure = failure  # for ddl.elastic, where a framework wrapped the error in its own
             if self._flight is not None and isinstance(e, TransportError):
@@ -245,6 +255,18 @@ class Communicator:
             who = "a rank failed (a peer revoked the communicator; which one is not known here yet)"
         step = "its agreement round" if plan.phases and plan.phases[0][0] < 0 else f"its {plan.algorithm} plan"
         return RankFailure(f"rank {self.rank}: {who} during {label} ({step}); MPI said: {e}", e.ranks)
+
+    def _name_absent(self, e: TransportError, label: str) -> TransportError:
+        """A deadline's error, with the ranks that never reached the call (ddl.core.rollcall)."""
+        if self._roll is None:
+            return e
+        seq = self._executor.runs()[-1][0] if self._flight is not None and self._executor.runs() else -1
+        seconds = rollcall.window(self.options.timeout)
+        try:
+            missing = rollcall.absent(self._roll, self.rank, self.size, f"{seq} {label}", seconds)
+        except Exception as why:  # the deadline's own error matters more
+            return type(e)(f"{e}; (no roll call: {why})")
+        return type(e)(f"{e}{rollcall.said(missing, self.size, self.hosts, seconds)}")
 
     def _write_flight_recorder(self, error: BaseException) -> None:
         try:
@@ -600,6 +622,11 @@ def _world_ranks(mpi_comm) -> list[int] | None:
     from mpi4py import MPI
 
     return ranks_in(mpi_comm.Get_group(), MPI.COMM_WORLD)
+
+
+def _is_deadline(e: BaseException) -> bool:
+    """The executor's "made no progress for N s (DDL_TIMEOUT)" (native/src/executor.cpp, fail())."""
+    return isinstance(e, TransportError) and not isinstance(e, RankFailure) and "(DDL_TIMEOUT)" in str(e)
 
 
 def _failed_ranks(mpi_comm) -> list[int]:

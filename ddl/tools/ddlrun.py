@@ -268,7 +268,9 @@ def _run_checks(hosts: list[str], ssh: list[str], python: str, local: set[str], 
 LOST_DAEMON = "lost communication with a remote daemon"
 
 
-def _supervise(p: launch.Launch, cmd: list[str], env: dict[str, str], timeout: float, cleanup=None) -> int:
+def _supervise(p: launch.Launch, cmd: list[str], env: dict[str, str], timeout: float, limit: float,
+               cleanup=None) -> int:
+    """Runs the launcher for at most ``timeout`` seconds (what is left of --timeout ``limit``)."""
     lost: list[str] = []
     watch = (lambda line: lost.append(line) if LOST_DAEMON in line else None) if p.job.fault_tolerant else None
     outcome = supervise.run(cmd, env=env, timeout=timeout or None, cleanup=cleanup, watch=watch)
@@ -276,12 +278,12 @@ def _supervise(p: launch.Launch, cmd: list[str], env: dict[str, str], timeout: f
         _say("a host was lost and Open MPI's runtime ended the job (it cannot go on without a host's daemon); "
              "--elastic recovers in place from lost processes, not lost hosts (--max-restarts launches again)")
         return restarts.LOST_HOST
-    return _finish(outcome, timeout)
+    return _finish(outcome, limit)
 
 
-def _finish(outcome: supervise.Outcome, timeout: float) -> int:
+def _finish(outcome: supervise.Outcome, limit: float) -> int:
     if outcome.timed_out:
-        _say(f"the job ran past --timeout {timeout:g} s; every rank was stopped")
+        _say(f"the job ran past --timeout {limit:g} s; every rank was stopped")
     elif outcome.interrupted:
         _say("interrupted; every rank was stopped")
     elif outcome.returncode:
@@ -322,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                 local = {here.hostname, *hostlib.LOCAL_NAMES}
                 if not _run_checks(p.rank_hosts, prelaunch.ssh_command(), here.python, local, args.verbose):
                     raise restarts.NotLaunched(CHECK_FAILED)
-            return _supervise(p, cmd, {**os.environ, **env}, _time_left(args.timeout, started))
+            return _supervise(p, cmd, {**os.environ, **env}, _time_left(args.timeout, started), args.timeout)
 
         started = time.monotonic()
         return restarts.run(policy, hosts, args.np, launch_once, _say)
@@ -382,7 +384,7 @@ def _emulated(args, program: list[str], policy: restarts.Policy) -> int:
             if not (args.skipchecks or _run_checks(p.rank_hosts, [agent], here.python, set(), args.verbose)):
                 raise restarts.NotLaunched(CHECK_FAILED)
             return _supervise(p, c.exec_argv(p.rank_hosts[0], cmd), {**os.environ, **env},
-                              _time_left(args.timeout, started), cleanup=c.kill_jobs)
+                              _time_left(args.timeout, started), args.timeout, cleanup=c.kill_jobs)
 
         started = time.monotonic()
         return restarts.run(policy, None, args.np, launch_once, _say)

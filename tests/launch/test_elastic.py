@@ -1,6 +1,6 @@
 """ddlrun --elastic end to end (Open MPI's ULFM; skipped on MPICH, which has none): ranks die by SIGKILL, by a
-Python exception, two in a row, one during recovery; every survivor sees ddl.RankFailure naming the dead
-rank, rolls back to the last commit and goes on with fewer ranks. The final weights are checked against a
+Python exception, three in a row (down to one rank), one during recovery; every survivor sees ddl.RankFailure
+naming the dead rank, rolls back to the last commit and goes on with fewer ranks. The final weights are checked against a
 simulation of the same schedule in numpy (tests/launch/elastic_job.py's closed form), never against ddl."""
 import glob
 import json
@@ -62,7 +62,7 @@ def parse(spec: str) -> dict[int, tuple[int, str]]:
 @pytest.mark.parametrize("n, spec, first_failed", [
     (4, "3@12", [3]),                  # SIGKILL mid-run: roll back to step 10, go on with 3
     (4, "2@7:raise", [2]),             # a Python exception on one rank: it is ended, the others go on
-    (4, "3@12,1@16", [3]),             # two failures in a row
+    (4, "3@12,2@14,1@16", [3]),        # failures in a row, down to one rank: it finishes alone
     (4, "3@12,1@0:recovery", [3]),     # a second rank dies while the survivors recover from the first
     (8, "5@12", [5]),
 ])

@@ -1,6 +1,7 @@
 """The flight recorder under MPI: a rank that never enters a collective (it is busy in Python) makes the others
 pass their deadline; they write their records as they fail, the late rank writes its own on SIGUSR1 (as
-``kill -USR1`` would), and ddl-trace's verdict names the late rank and where the others waited. Any N >= 2."""
+``kill -USR1`` would), and ddl-trace's verdict names the late rank and where the others waited; each deadline
+error names the late rank too (the roll call). Any N >= 2."""
 import os
 import signal
 from dataclasses import replace
@@ -27,10 +28,14 @@ def test_the_verdict_names_the_rank_that_never_entered(tmp_path_factory, monkeyp
     try:
         np.testing.assert_array_equal(comm.allreduce(np.ones(10)), np.full(10, SIZE))  # all in step so far
         if RANK != late:
-            with pytest.raises(TransportError, match="made no progress"):
+            with pytest.raises(TransportError, match="made no progress") as failed:
                 comm.allreduce(np.ones(1 << 18, np.float32))
+            # the error itself names the rank behind, whichever peer this rank's wait was on
+            assert f"rank {late} (" in str(failed.value) and "never reached this call" in str(failed.value)
+            assert f"while {SIZE - 1} of {SIZE} said they were in it" in str(failed.value)
         else:
             os.kill(os.getpid(), signal.SIGUSR1)  # what a user does to a rank that seems stuck
+            # out of step still, as a rank busy elsewhere is: the others' roll call must not wait on it
         COMM.Barrier()
         assert sorted(os.listdir(folder)) == sorted(f"rank{r}.json" for r in range(SIZE))
         lines = trace.verdict(trace.load(folder), comm._flight.key)  # other tests' communicators may be there
