@@ -1,4 +1,4 @@
-"""Runs tests/mpi under mpiexec at several rank counts (default 1 2 3 4 6 8: non-powers of two and more ranks
+"""Runs tests/mpi under mpiexec at several rank counts (default 1 2 3 4 8: a non-power of two and more ranks
 than cores included) and prints one closing line for all of them.
 
 Nothing can hang: pytest-timeout (thread method) ends a stuck test, the exit guard in conftest.py aborts the

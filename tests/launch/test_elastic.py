@@ -84,12 +84,6 @@ def test_survivors_roll_back_and_finish_with_the_closed_form(tmp_path, n, spec, 
     assert "lost; going on with" in done.stderr
 
 
-def test_fewer_than_min_np_left_ends_the_job_with_a_message(tmp_path):
-    done, results = run_job(tmp_path, 4, "3@12,2@14", "--min-np", "3")
-    assert done.returncode != 0 and results == {}
-    assert "fewer than the minimum of 3 (--min-np)" in done.stderr, done.stderr[-3000:]
-
-
 def test_min_np_above_np_is_refused():
     done = subprocess.run([DDLRUN, "--min-np", "5", "-np", "4", sys.executable, JOB], capture_output=True,
                           text=True, timeout=60)
