@@ -68,7 +68,8 @@ class Request:
     elastic: bool = False                   # survive lost ranks in place (ULFM), down to min_np
     min_np: int | None = None
     max_np: int | None = None
-    restart_env: dict = field(default_factory=dict)  # from ddl.runner.restarts: the state folder, restart count
+    job_env: dict = field(default_factory=dict)  # settings ddlrun made: restarts' state folder, horovodrun's flags
+    ssh_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ def plan(req: Request, here: Machine) -> Launch:
         if req.max_np is not None and req.max_np < len(rank_hosts):
             raise LaunchError(f"--max-np {req.max_np} is less than the {len(rank_hosts)} ranks launched (-np)")
         settings.update(DDL_ELASTIC="1", DDL_ELASTIC_MIN_NP=str(low))
-    settings.update(req.restart_env)
+    settings.update(req.job_env)
     if "MASTER_PORT" not in here.environ and here.free_port and rank_hosts[0] in (here.hostname, *LOCAL_NAMES):
         # torch's TCP store listens on rank 0's host: a port found free there, not a fixed 29500 two jobs share
         settings["MASTER_PORT"] = str(here.free_port)
@@ -182,6 +183,6 @@ def plan(req: Request, here: Machine) -> Launch:
     job = mpirun.Job([here.python, "-m", "ddl.runner.rankenv", *req.program], len(rank_hosts),
                      None if local else rank_hosts, set_env=settings, forward=tuple(forward), agent=req.agent,
                      iface=req.iface, tcp=req.tcp or req.agent is not None, mpiargs=tuple(req.mpiargs),
-                     fault_tolerant=req.elastic)
+                     fault_tolerant=req.elastic, ssh_port=req.ssh_port)
     remote = not local and any(h != here.hostname and h not in LOCAL_NAMES for h in rank_hosts)
     return Launch(job, rank_hosts, dims, remote)

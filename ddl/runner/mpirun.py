@@ -51,6 +51,7 @@ class Job:
     mpiargs: tuple = ()                           # the user's own launcher arguments, passed as given
     timeout: int | None = None                    # the launcher's own deadline (a backstop to the caller's)
     fault_tolerant: bool = False                  # ULFM: a dead rank is reported to the others, not fatal
+    ssh_port: int | None = None                   # hosts' ssh listens here (horovodrun's -p)
 
 
 def build(kind: str, mpiexec: str, job: Job, root: bool, cores: int) -> tuple[list[str], dict[str, str]]:
@@ -73,6 +74,8 @@ def _open_mpi(mpiexec: str, job: Job, root: bool, crowded: bool) -> tuple[list[s
     cmd += ["--bind-to", "none"]
     if job.agent:
         cmd += ["--prtemca", "plm_ssh_agent", job.agent]
+    if job.ssh_port:
+        cmd += ["--prtemca", "plm_ssh_args", f"-p {job.ssh_port}"]
     if job.iface:
         cmd += ["--prtemca", "oob_tcp_if_include", job.iface]
     if job.tcp:
@@ -100,6 +103,9 @@ def _mpich(mpiexec: str, job: Job) -> tuple[list[str], dict[str, str]]:
         raise DDLError("in-place recovery (--elastic) needs MPI's fault tolerance (ULFM), which MPICH's hydra "
                          "does not offer: launch with Open MPI (the default wheel), or add --max-restarts N to "
                          "launch the job again after a failure instead")
+    if job.ssh_port:
+        raise DDLError(f"-p {job.ssh_port}: MPICH's hydra passes no arguments to ssh; give the port in "
+                       f"~/.ssh/config (Host ... / Port {job.ssh_port}), or launch with Open MPI")
     cmd = [mpiexec]
     if job.agent:
         cmd += ["-launcher", "ssh", "-launcher-exec", job.agent]

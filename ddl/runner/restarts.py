@@ -69,6 +69,15 @@ def run(policy: Policy, hosts: list[Host] | None, np: int | None, launch: Launch
     if not policy.active:
         return launch(hosts, np, {})
     folder, made = state_folder(environ)
+    try:
+        return _launches(policy, hosts, np, launch, say, folder, made)
+    except BaseException:  # not launched (a check failed, the script failed first): nothing to keep
+        if made and not (folder / persist.STATE_FILE).exists():
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _launches(policy: Policy, hosts, np, launch: Launch, say, folder: Path, made: bool) -> int:
     failures = launches = generation = 0
     first: int | None = None  # the first launch's ranks
     grown: list[int] = []

@@ -44,6 +44,7 @@ from ..errors import DDLError
 from .cli import Parser, one_line_errors
 
 USAGE_ERROR = 2
+MPI_NAMES = ("openmpi", "mpich")
 CHECK_FAILED = 3
 SCHEDULER_JOBS = ("SLURM_JOB_ID", "LSB_JOBID", "PBS_JOBID")  # inside an allocation: no ssh pre-checks
 
@@ -88,8 +89,8 @@ def _parser() -> argparse.ArgumentParser:
         "topology file (root; see ddl-cluster --help)")
     add("--output-filename", metavar="DIR", help="each rank's output in DIR/rank.N/stdout and stderr")
     add("--timeout", type=float, default=0, help="stop the job after this many seconds (0: never)")
-    add("--mpi", choices=("openmpi", "mpich"), help="the MPI to launch with (default: the mpiexec found; "
-        "$DDL_MPIEXEC names one)")
+    add("--mpi", choices=MPI_NAMES, help="the MPI to launch with (default: the mpiexec found; $DDL_MPIEXEC "
+        "names one); bare, before the program (horovodrun's --mpi), it is accepted and changes nothing")
     add("--elastic", action="store_true", help="survive lost ranks: the others shrink, re-plan and go on from "
         "the last ddl.elastic commit (Open MPI's ULFM; see README)")
     add("--min-np", "-min-np", dest="min_np", type=_positive, help="elastic: the fewest ranks to go on with "
@@ -103,6 +104,19 @@ def _parser() -> argparse.ArgumentParser:
         "available now, 'host:slots' a line; run before every launch and every --discovery-interval seconds")
     add("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
         help="seconds between two runs of the discovery script while the job runs (default 1, as horovodrun)")
+    # horovodrun's command line (see README, "Coming from Horovod")
+    add("-p", "--ssh-port", dest="ssh_port", type=_positive, help="the hosts' ssh port (horovodrun's -p)")
+    add("--network-interface", "--network-interfaces", dest="iface", metavar="NIC",
+        help="keep MPI's traffic between hosts on this interface (horovodrun's flag)")
+    add("--timeline-filename", metavar="FILE", help="ddl's Chrome trace of every collective (DDL_TIMELINE)")
+    add("--fusion-threshold-mb", type=float, metavar="MB", help="fused gradient buffers of at most MB "
+        "mebibytes (DDL_FUSION_BYTES)")
+    add("--cycle-time-ms", type=float, metavar="MS", help="accepted for horovodrun scripts: ddl starts each "
+        "collective when it is called, with no background cycle to tune")
+    add("--start-timeout", type=float, metavar="SECONDS", help="seconds the ranks may take to start (the "
+        "pre-launch checks' ssh deadline; horovodrun's flag)")
+    add("--gloo", action="store_true", help="accepted for horovodrun scripts: ddl runs its own transport over "
+        "MPI, whichever is asked")
     add("--version", action="store_true", help="print ddl's version and exit")
     return ap
 
@@ -119,6 +133,9 @@ def split_program(ap: argparse.ArgumentParser, argv: list[str]) -> tuple[list[st
         if not word.startswith("-") or word == "-":
             return options, argv[i:]
         name = word.split("=", 1)[0]
+        if word == "--mpi" and (i + 1 == len(argv) or argv[i + 1] not in MPI_NAMES):
+            i += 1  # horovodrun's bare --mpi: ddl runs over MPI anyway
+            continue
         action = ap._option_string_actions.get(name)
         if action is None:
             ap.error(f"unknown option {word!r} (the program starts at the first argument that is not an option)")
@@ -209,17 +226,33 @@ def _in_place(args, kind: str, policy: restarts.Policy) -> bool:
     return asked
 
 
+def horovod_settings(args) -> dict[str, str]:
+    """What horovodrun's flags ask of every rank, in ddl's settings."""
+    out = {}
+    if args.timeline_filename:
+        out["DDL_TIMELINE"] = os.path.abspath(args.timeline_filename)
+    if args.fusion_threshold_mb is not None:
+        if args.fusion_threshold_mb < 0:
+            raise DDLError(f"--fusion-threshold-mb {args.fusion_threshold_mb:g}: a size of at least 0")
+        out["DDL_FUSION_BYTES"] = str(int(args.fusion_threshold_mb * 2**20))
+    return out
+
+
 def _request(args, program, hosts, rank_hosts, **extra) -> launch.Request:
     try:
         mpiargs = tuple(w for a in args.mpiarg for w in shlex.split(a))
     except ValueError as e:
         raise DDLError(f"--mpiarg {args.mpiarg!r}: {e}") from None
+    extra["job_env"] = {**horovod_settings(args), **extra.get("job_env", {})}
+    if args.iface and "iface" not in extra:
+        extra["iface"] = args.iface
     return launch.Request(
         program=program, np=args.np, hosts=hosts, rank_hosts=rank_hosts, mode=args.mode,
         ddloption=" ".join(args.ddloption), no_ddloptions=args.no_ddloptions, accelerators=args.accelerators,
         nodes=args.nodes, racks=args.racks, aisles=args.aisles,
         mpiargs=mpiargs, tcp=args.tcp, elastic=args.in_place, min_np=args.min_np, max_np=args.max_np,
-        output_dir=os.path.abspath(args.output_filename) if args.output_filename else None, **extra)
+        output_dir=os.path.abspath(args.output_filename) if args.output_filename else None,
+        ssh_port=args.ssh_port, **extra)
 
 
 def _prepare(args, program, source, hosts, rank_hosts, here: launch.Machine, **extra):
@@ -311,10 +344,10 @@ def main(argv: list[str] | None = None) -> int:
         source, hosts, rank_hosts = _hosts(args)
         here = _machine()
 
-        def launch_once(hosts_now, np, restart_env) -> int:
+        def launch_once(hosts_now, np, job_env) -> int:
             source_now = f"--host-discovery-script {args.discovery}" if args.discovery else source
             p, cmd, env = _prepare(_with(args, np), program, source_now, hosts_now, rank_hosts, here,
-                                   restart_env=restart_env)
+                                   job_env=job_env)
             if args.dry_run:
                 return 0
             skip = checks_skipped(args, os.environ)
@@ -322,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                 _say(f"pre-launch checks skipped: {skip}")
             if p.remote and not skip:
                 local = {here.hostname, *hostlib.LOCAL_NAMES}
-                if not _run_checks(p.rank_hosts, prelaunch.ssh_command(), here.python, local, args.verbose):
+                if not _run_checks(p.rank_hosts, _ssh(args), here.python, local, args.verbose):
                     raise restarts.NotLaunched(CHECK_FAILED)
             return _supervise(p, cmd, {**os.environ, **env}, _time_left(args.timeout, started), args.timeout)
 
@@ -336,6 +369,20 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:  # no mpiexec
         _say(str(e))
         return USAGE_ERROR
+
+
+def _ssh(args) -> list[str]:
+    """The pre-launch checks' ssh, with horovodrun's -p and --start-timeout."""
+    ssh = prelaunch.ssh_command()
+    if args.ssh_port:
+        ssh += ["-p", str(args.ssh_port)]
+    if args.start_timeout:  # ssh takes an option's first value: replace the default one
+        deadline = f"ConnectTimeout={max(1, int(args.start_timeout))}"
+        if any(w.startswith("ConnectTimeout=") for w in ssh):
+            ssh = [deadline if w.startswith("ConnectTimeout=") else w for w in ssh]
+        else:
+            ssh += ["-o", deadline]
+    return ssh
 
 
 def _time_left(timeout: float, started: float) -> float:
@@ -360,14 +407,14 @@ def _emulated(args, program: list[str], policy: restarts.Policy) -> int:
         raise DDLError(f"--emulate {args.emulate} runs {c.nranks} ranks; -np {args.np} disagrees")
     here = _machine()
 
-    def planned(workdir: str, hosts, np, restart_env) -> tuple[launch.Launch, list[str], dict[str, str]]:
+    def planned(workdir: str, hosts, np, job_env) -> tuple[launch.Launch, list[str], dict[str, str]]:
         # The job plans over the cluster's switches: its topology file, with its ranks placed, travels in
         # DDL_TOPOLOGY. A discovery script names some of the cluster's nodes; else every rank of the cluster runs.
         topology = {"DDL_TOPOLOGY": f"{workdir}/job-topology.json"}
         p, cmd, env = _prepare(_with(args, np), program, f"--emulate {args.emulate}", hosts,
                                None if hosts else c.rank_hosts,
                                replace(here, environ={**here.environ, **topology}), agent=f"{workdir}/agent.sh",
-                               iface="eth0" if c.links else "lo", restart_env=restart_env)
+                               iface="eth0" if c.links else "lo", job_env=job_env)
         if c.workdir is not None:
             Path(topology["DDL_TOPOLOGY"]).write_text(c.topology_for(p.rank_hosts).to_json())
         return p, cmd, {**env, **topology}
@@ -378,8 +425,8 @@ def _emulated(args, program: list[str], policy: restarts.Policy) -> int:
     if (why := cluster.available()) is not None:
         raise DDLError(why)
     with c:
-        def launch_once(hosts, np, restart_env) -> int:
-            p, cmd, env = planned(str(c.workdir), hosts, np, restart_env)
+        def launch_once(hosts, np, job_env) -> int:
+            p, cmd, env = planned(str(c.workdir), hosts, np, job_env)
             agent = str(c.workdir / "agent.sh")
             if not (args.skipchecks or _run_checks(p.rank_hosts, [agent], here.python, set(), args.verbose)):
                 raise restarts.NotLaunched(CHECK_FAILED)

@@ -61,15 +61,18 @@ class _Bucket:
                     view.copy_(g.to_dense() if g.is_sparse else g)
                 self.flags[i] = 1 if mine else 0
 
-    def start(self, op: str, compression: type[Compressor]) -> None:
+    def start(self, op: str, compression: type[Compressor], comm, prescale: float = 1.0) -> None:
+        if prescale != 1.0:
+            with torch.no_grad():
+                self.flat[:len(self.flat) - len(self.params)].mul_(prescale)  # the flags stay 0 or 1
         self.wire, self.ctx = compression.compress(self.flat)
         if self.wire.is_cuda:  # GPU arrays follow their stream with the blocking call
-            ddl.communicator().allreduce(self.wire, op, out=self.wire)
+            comm.allreduce(self.wire, op, out=self.wire)
         else:
             values = wire_array(self.wire)
-            self.handle = ddl.communicator().allreduce_async(values, op, out=values)
+            self.handle = comm.allreduce_async(values, op, out=values)
 
-    def finish(self, compression: type[Compressor]) -> None:
+    def finish(self, compression: type[Compressor], postscale: float = 1.0, dense: bool = False) -> None:
         if self.handle is not None:
             self.handle.wait()
             self.handle = None
@@ -77,11 +80,13 @@ class _Bucket:
             if self.wire is not self.flat:
                 self.flat.copy_(compression.decompress(self.wire, self.ctx))
                 self.wire = self.flat
+            if postscale != 1.0:
+                self.flat[:len(self.flat) - len(self.params)].mul_(postscale)
             for i, (p, view) in enumerate(zip(self.params, self.views)):
                 if float(self.flags[i]) <= 0:  # no rank produced a gradient: it stays None
                     p.grad = None
                 else:
-                    p.grad = view.to_sparse() if self.sparse[i] else view
+                    p.grad = view.to_sparse() if self.sparse[i] and not dense else view
         self.fired = 0
 
 
@@ -91,8 +96,13 @@ class GradientBuckets:
     buffer; ``start``/``finish`` split it so buffers can go while backward still runs."""
 
     def __init__(self, params: list[torch.Tensor], threshold: int | None = None, op: str = "avg",
-                 compression: type[Compressor] = Compression.none):
+                 compression: type[Compressor] = Compression.none, comm=None, predivide: float = 1.0,
+                 sparse_as_dense: bool = False):
         self.params, self.op, self.compression = params, op, check(compression)
+        self.sparse_as_dense = sparse_as_dense  # sparse gradients are averaged dense; this keeps them so
+        self.comm = comm  # None: ddl's world (looked up at each start: elastic jobs replace it)
+        # Horovod's gradient_predivide_factor f: an average summed as g / f, then scaled by f / size
+        self.prescale = 1.0 / predivide if predivide != 1.0 else 1.0
         order = list(reversed(params))
         sizes = [p.numel() * p.element_size() for p in order]
         keys = [f"{p.dtype}@{p.device}" for p in order]
@@ -113,16 +123,21 @@ class GradientBuckets:
                 self.buckets[self.next].params):
             self._start(self.buckets[self.next], used)
 
+    def _comm(self):
+        return self.comm if self.comm is not None else ddl.communicator()
+
     def _start(self, bucket: _Bucket, used: set[int]) -> None:
         bucket.stage(used)
-        bucket.start(self.op, self.compression)
+        op = "sum" if self.prescale != 1.0 and self.op == "avg" else self.op
+        bucket.start(op, self.compression, self._comm(), self.prescale)
         self.next += 1
 
     def finish(self, used: set[int]) -> None:
         for b in self.buckets[self.next:]:
             self._start(b, used)
+        post = (1.0 / self.prescale) / self._comm().size if self.prescale != 1.0 and self.op == "avg" else 1.0
         for b in self.buckets:
-            b.finish(self.compression)
+            b.finish(self.compression, post, self.sparse_as_dense)
         self.next = 0
 
     def abandon(self) -> None:
@@ -141,9 +156,9 @@ class _Averaging:
     """What DistributedOptimizer adds to one optimizer."""
 
     def __init__(self, optimizer, op: str, threshold: int | None, passes: int, overlap: bool,
-                 compression: type[Compressor]):
+                 compression: type[Compressor], comm=None, predivide: float = 1.0, sparse_as_dense: bool = False):
         self.optimizer, self.op, self.threshold, self.passes, self.overlap = optimizer, op, threshold, passes, overlap
-        self.compression = compression
+        self.compression, self.comm, self.predivide, self.dense = compression, comm, predivide, sparse_as_dense
         self.params: list[torch.Tensor] = []
         self.ids: set[int] = set()
         self.buckets: GradientBuckets | None = None
@@ -166,7 +181,7 @@ class _Averaging:
             h.remove()
         self.params, self.ids = now, {id(p) for p in now}
         self.buckets = GradientBuckets([p for p in now if GradientBuckets.fits(p)], self.threshold, self.op,
-                                       self.compression)
+                                       self.compression, self.comm, self.predivide, self.dense)
         self.others = [p for p in now if not GradientBuckets.fits(p)]
         self.hooks = [p.register_post_accumulate_grad_hook(self.on_gradient) for p in now]
 
@@ -191,6 +206,10 @@ class _Averaging:
         if self.others:
             from . import average_gradients
 
+            if self.comm is not None and self.comm is not ddl.communicator():
+                raise ddl.DDLError(f"rank {ddl.rank()}: parameters of dtype {self.others[0].dtype} on "
+                                   f"{self.others[0].device} are averaged over the world only, not a process set")
+
             average_gradients(self.others, self.threshold)
         self.synchronized = True
 
@@ -204,7 +223,8 @@ class _Averaging:
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, op: str = "avg",
                          backward_passes_per_step: int = 1, threshold: int | None = None, overlap: bool = True,
-                         compression: type[Compressor] = Compression.none):
+                         compression: type[Compressor] = Compression.none, gradient_predivide_factor: float = 1.0,
+                         sparse_as_dense: bool = False, comm=None):
     """Makes ``optimizer`` average (``op="avg"``; or ``"sum"``) the gradients across ranks, and returns it.
     Gradients live in fused buffers; with ``overlap`` each buffer's allreduce starts from backward as soon as
     its gradients are complete (in the order backward produces them), so ``step()`` mostly waits for the last.
@@ -214,7 +234,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     ``synchronize()`` averages now (for clipping); a ``step()`` right after does not average again, nor does
     one inside ``skip_synchronize()``. It stays an instance of its own class (schedulers, state_dict and
     checkpoints work as before); ``zero_grad`` zeroes the buffers in place. ``named_parameters`` is accepted
-    for Horovod scripts (the optimizer's own parameters are what is averaged)."""
+    for Horovod scripts (the optimizer's own parameters are what is averaged). ``gradient_predivide_factor``
+    f (Horovod's; with ``op="avg"``): gradients are summed as g / f and the sum scaled by f / size, which
+    keeps a float16 sum in range. Sparse gradients are averaged dense and made sparse again, or left dense
+    with ``sparse_as_dense`` (Horovod's flag). ``comm``: the communicator to average over (default ddl's world; a
+    process set's for ddl.horovod)."""
     if getattr(optimizer, "_ddl_distributed", False):
         return optimizer
     if op not in ("avg", "sum"):
@@ -222,7 +246,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     if backward_passes_per_step < 1:
         raise ddl.DDLError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
     base = type(optimizer)
-    averaging = _Averaging(optimizer, op, threshold, backward_passes_per_step, overlap, check(compression))
+    if gradient_predivide_factor <= 0 or (gradient_predivide_factor != 1.0 and op != "avg"):
+        raise ddl.DDLError(f"gradient_predivide_factor {gradient_predivide_factor}: a positive factor, with "
+                           f"op 'avg' only")
+    averaging = _Averaging(optimizer, op, threshold, backward_passes_per_step, overlap, check(compression),
+                           comm, gradient_predivide_factor, sparse_as_dense)
 
     def synchronize(self) -> None:
         averaging.synchronize()

@@ -16,7 +16,7 @@ from ddl.units import bandwidth, parse_size
 PACKAGE = Path(ddl.__file__).parent
 # Rooms from the ground up: a room may import only rooms listed before it (and itself).
 LAYERS = ["errors", "config", "units", "options", "_native", "topology", "schedule", "planner", "core", "gpu",
-          "elastic", "runner", "cluster", "torch", "keras", "tools"]
+          "elastic", "runner", "cluster", "torch", "keras", "horovod", "tools"]
 TOP = {"__init__", "_moved"}  # the public API and the old names: they may import anything
 
 

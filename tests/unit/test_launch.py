@@ -310,7 +310,28 @@ def test_restart_flags_torchrun_and_horovodrun_spellings(monkeypatch, capsys):
 
 
 def test_a_restart_launch_gives_every_rank_its_folder_and_count():
-    p = launch.plan(Request(["prog"], np=2, restart_env={"DDL_ELASTIC_STATE_DIR": "/s", "DDL_ELASTIC_RESTART": "1"}),
+    p = launch.plan(Request(["prog"], np=2, job_env={"DDL_ELASTIC_STATE_DIR": "/s", "DDL_ELASTIC_RESTART": "1"}),
                     CPU_BOX)
     assert p.job.set_env["DDL_ELASTIC_STATE_DIR"] == "/s" and p.job.set_env["DDL_ELASTIC_RESTART"] == "1"
     assert "DDL_ELASTIC" not in p.job.set_env and not p.job.fault_tolerant  # restarts alone: no ULFM
+
+
+def test_horovodrun_flags_become_ddls_settings(monkeypatch, capsys):
+    argv = ["-np", "2", "-H", "a:1,b:1", "-p", "2222", "--network-interface", "ib0", "--timeline-filename",
+            "t.json", "--fusion-threshold-mb", "32", "--cycle-time-ms", "5", "--start-timeout", "30", "--gloo",
+            "--mpi", "--verbose", "python", "train.py"]
+    rc, err = _dry_run(monkeypatch, capsys, argv)
+    assert rc == 0, err
+    line = err.strip().splitlines()[-1]
+    assert "--prtemca plm_ssh_args '-p 2222'" in line and "btl_tcp_if_include ib0" in line
+    assert "DDL_FUSION_BYTES=33554432" in line and "DDL_TIMELINE=/" in line and "t.json" in line
+    assert line.endswith("python train.py")
+    args = ddlrun._parser().parse_args(["-p", "2222", "--start-timeout", "30"])
+    ssh = ddlrun._ssh(args)
+    assert ssh[ssh.index("-p") + 1] == "2222" and "ConnectTimeout=30" in ssh and "ConnectTimeout=5" not in ssh
+    # --mpi NAME still picks the MPI; bare, it is horovodrun's switch and the program follows
+    ap = ddlrun._parser()
+    assert ddlrun.split_program(ap, ["--mpi", "mpich", "python", "x.py"]) == (["--mpi=mpich"], ["python", "x.py"])
+    assert ddlrun.split_program(ap, ["--mpi", "python", "x.py"]) == ([], ["python", "x.py"])
+    with pytest.raises(ddlrun.DDLError, match="hydra passes no arguments to ssh"):
+        mpirun.build("mpich", "/v/bin/mpiexec", mpirun.Job(["p"], 2, ["a", "b"], ssh_port=2222), False, 2)

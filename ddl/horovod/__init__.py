@@ -1,0 +1,201 @@
+"""Horovod's API on ddl: a Horovod script runs on ddl's topology-aware engine with one changed line,
+
+    import ddl.horovod.torch as hvd          # was: import horovod.torch as hvd
+
+This package holds what every framework module shares: initialisation and the rank queries, the reduction ops,
+process sets (Horovod's name for teams: independent groups of ranks, each with its own ddl communicator,
+planned on its own part of the topology, whose collectives progress at the same time as other sets'), the
+error types elastic scripts catch, and the one way an unsupported name fails (``unsupported``: naming it and
+what to use instead; nothing is silently ignored).
+"""
+from __future__ import annotations
+
+import ddl
+from ..core.communicator import Communicator
+from ..errors import DDLError, TransportError
+
+# Horovod's reduction ops, as ddl names them
+Average, Sum, Adasum, Min, Max, Product = "avg", "sum", "adasum", "min", "max", "prod"
+
+HorovodInternalError = TransportError  # a collective failed (ddl.RankFailure, a subclass, when a rank died)
+
+
+class ProcessSet:
+    """Ranks of the world that reduce among themselves (``ranks`` None: the world). Made on every rank alike
+    (``add_process_set`` or ``init(process_sets=...)``); collectives take it as ``process_set=``."""
+
+    def __init__(self, ranks=None):
+        self.ranks = None if ranks is None else sorted(int(r) for r in ranks)
+        self.process_set_id: int | None = 0 if ranks is None else None
+        self._comm: Communicator | None = None
+
+    def included(self) -> bool:
+        return self.ranks is None or ddl.rank() in self.ranks
+
+    def size(self) -> int:
+        return ddl.size() if self.ranks is None else len(self.ranks)
+
+    def rank(self) -> int:
+        """This rank's number in the set (-1 outside it, as Horovod)."""
+        if self.ranks is None:
+            return ddl.rank()
+        return self.ranks.index(ddl.rank()) if ddl.rank() in self.ranks else -1
+
+    def communicator(self) -> Communicator:
+        """The ddl communicator of the set; an error on a rank outside it."""
+        if self.ranks is None:
+            return ddl.communicator()
+        if self.process_set_id is None:
+            raise DDLError(f"rank {ddl.rank()}: process set {self.ranks} was not added (hvd.add_process_set)")
+        if self._comm is None:
+            raise DDLError(f"rank {ddl.rank()}: this rank is not in process set {self.process_set_id} "
+                           f"(ranks {self.ranks})")
+        return self._comm
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet()
+_sets: dict[int, ProcessSet] = {0: global_process_set}
+
+
+def init(comm=None, process_sets=None) -> None:
+    """Initialises ddl (``comm``: an mpi4py communicator, or a list of world ranks as Horovod allows), then adds
+    ``process_sets`` (a list of ProcessSet or of rank lists) on every rank."""
+    if isinstance(comm, (list, tuple)):
+        unsupported("hvd.init(comm=[ranks])", "ddl.init(comm=MPI.COMM_WORLD.Create_group(...)) or process sets")
+    ddl.init(comm)
+    for s in process_sets or []:
+        add_process_set(s)
+
+
+def shutdown() -> None:
+    for key in [k for k in _sets if k]:
+        remove_process_set(_sets[key])
+    ddl.finalize()
+
+
+def is_initialized() -> bool:
+    return ddl.initialized()
+
+
+def rank() -> int:
+    return ddl.rank()
+
+
+def size() -> int:
+    return ddl.size()
+
+
+def local_rank() -> int:
+    return ddl.local_rank()
+
+
+def local_size() -> int:
+    return ddl.local_size()
+
+
+def _hosts() -> list[str]:
+    hosts = ddl.communicator().hosts
+    return hosts if hosts else ["localhost"] * ddl.size()
+
+
+def cross_rank() -> int:
+    """This rank's number among the ranks of the same local rank: its host's place in host order."""
+    hosts = _hosts()
+    return list(dict.fromkeys(hosts)).index(hosts[ddl.rank()])
+
+
+def cross_size() -> int:
+    """How many hosts run a rank of this local rank."""
+    hosts, mine = _hosts(), ddl.local_rank()
+    counts = {h: hosts.count(h) for h in dict.fromkeys(hosts)}
+    return sum(1 for n in counts.values() if n > mine)
+
+
+def is_homogeneous() -> bool:
+    hosts = _hosts()
+    return len({hosts.count(h) for h in set(hosts)}) == 1
+
+
+def add_process_set(process_set) -> ProcessSet:
+    """Adds a process set on every rank (collective over the world: every rank calls it with the same ranks;
+    ranks that disagree all get ddl.MismatchError naming who passed what). Its members get a ddl communicator
+    of their own, planned on the world's topology narrowed to them."""
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    world = ddl.communicator()
+    if ps.ranks is None:
+        raise DDLError(f"rank {world.rank}: the global process set exists already")
+    problem = None
+    if not ps.ranks or len(set(ps.ranks)) != len(ps.ranks) or not all(0 <= r < world.size for r in ps.ranks):
+        problem = f"process set ranks {ps.ranks}: distinct ranks of 0..{world.size - 1} expected"
+    elif any(s.ranks == ps.ranks for s in _sets.values()):
+        problem = f"a process set of ranks {ps.ranks} exists already"
+    world.agree(f"add_process_set(ranks={ps.ranks})", problem)
+    ps.process_set_id = max(_sets) + 1
+    if world.rank in ps.ranks:
+        ps._comm = world.group(ps.ranks)
+    _sets[ps.process_set_id] = ps
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Removes a set added before (every rank calls it); True if it was there."""
+    if process_set.process_set_id in (None, 0) or process_set.process_set_id not in _sets:
+        return False
+    ddl.communicator().agree(f"remove_process_set(id={process_set.process_set_id})")
+    _sets.pop(process_set.process_set_id)
+    if process_set._comm is not None:
+        process_set._comm.close()
+        process_set._comm = None
+    process_set.process_set_id = None
+    return True
+
+
+def communicator_of(process_set: ProcessSet | None) -> Communicator:
+    return (process_set or global_process_set).communicator()
+
+
+def unsupported(name: str, instead: str):
+    """Raises the error every unsupported Horovod name gives: what it is and what to use instead."""
+    raise DDLError(f"{name} is not supported by ddl's Horovod surface; use {instead}")
+
+
+# what the build-introspection calls of Horovod report for ddl
+def mpi_enabled() -> bool:
+    return True
+
+
+def mpi_built() -> bool:
+    return True
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> bool:
+    """Whether ddl's GPU path finds an NCCL library here (it loads it to see)."""
+    from ..gpu import libraries
+    from ..errors import DeviceError
+
+    try:
+        libraries.load_nccl()
+    except DeviceError:
+        return False
+    return True
+
+
+def ddl_built() -> bool:
+    return True
+
+
+def mpi_threads_supported() -> bool:
+    from mpi4py import MPI
+
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE

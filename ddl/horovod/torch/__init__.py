@@ -1,0 +1,361 @@
+"""horovod.torch's API on ddl: ``import ddl.horovod.torch as hvd`` in place of ``import horovod.torch as hvd``.
+
+Every collective runs on ddl's engine (its topology-aware plans; ``process_set=`` picks the communicator of a
+set added with ``hvd.add_process_set``). ``*_async`` calls run on the communicator's worker thread in
+submission order and return a handle for ``hvd.synchronize`` / ``hvd.poll``; every rank must submit in the
+same order (as in Horovod; ddl checks it: a rank that does not gets ddl.MismatchError). ``name=`` is accepted
+and not needed: ddl matches collectives by their order, not their names.
+
+What differs from Horovod is said where it applies: ``alltoall`` rides on ddl's allgather (every rank
+receives all the data); ``join`` needs every rank to reach it (a rank still reducing meanwhile gets
+MismatchError naming both calls, not a hang); Adasum needs a power-of-two number of ranks and, in
+DistributedOptimizer, is refused (use it on tensors with ``hvd.allreduce(op=hvd.Adasum)``).
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import time
+
+import numpy as np
+import torch
+
+import ddl
+from ... import torch as dt
+from ...errors import DDLError
+from ...torch.compression import Compression
+from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum,  # noqa: F401
+                add_process_set, communicator_of, cross_rank, cross_size, ddl_built, global_process_set,
+                gloo_built, gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
+                mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set, shutdown,
+                size, unsupported)
+from .sync_batch_norm import SyncBatchNorm  # noqa: F401
+
+_global = global_process_set
+
+
+def _op(op, average) -> str:
+    """Horovod's op and its deprecated ``average`` flag, as ddl's op name."""
+    if op is not None and average is not None:
+        raise DDLError("give op= or the deprecated average=, not both")
+    if op is None:
+        return Sum if average is False else Average
+    if op not in (Average, Sum, Adasum, Min, Max, Product):
+        raise DDLError(f"unknown op {op!r}: hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max or hvd.Product")
+    return op
+
+
+# -- allreduce ------------------------------------------------------------------------------------------------
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=_global):
+    """Reduces ``tensor`` in place across the set's ranks; returns it."""
+    op, comm = _op(op, average), communicator_of(process_set)
+    with torch.no_grad():
+        if prescale_factor != 1.0:
+            tensor.mul_(prescale_factor)
+        if op == Adasum:
+            tensor.copy_(_adasum(tensor, comm))
+        else:
+            dt.allreduce_(tensor, op, comm)
+        if postscale_factor != 1.0:
+            tensor.mul_(postscale_factor)
+    return tensor
+
+
+class _Allreduce(torch.autograd.Function):
+    """allreduce with a gradient: the gradient of a sum (or average) is the same reduction of the gradients."""
+
+    @staticmethod
+    def forward(ctx, tensor, op, pre, post, process_set):
+        ctx.args = (op, pre, post, process_set)
+        return allreduce_(tensor.detach().clone(), None, None, op, pre, post, process_set)
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, pre, post, process_set = ctx.args
+        if op not in (Average, Sum):
+            raise DDLError(f"no gradient through an allreduce with op {op!r} (only Average and Sum)")
+        return allreduce_(grad.detach().clone(), None, None, op, pre, post, process_set), None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=_global):
+    """A new tensor: ``tensor`` reduced across the set's ranks (Average by default); differentiable."""
+    wire, ctx = compression.compress(tensor)
+    out = _Allreduce.apply(wire, _op(op, average), prescale_factor, postscale_factor, process_set)
+    return compression.decompress(out, ctx)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=_global):
+    copy = tensor.detach().clone()
+    return _submit(process_set, "allreduce_async", allreduce_, copy, average, name, op, prescale_factor,
+                   postscale_factor, process_set)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=_global):
+    return _submit(process_set, "allreduce_async_", allreduce_, tensor, average, name, op, prescale_factor,
+                   postscale_factor, process_set)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=_global):
+    """Reduces every tensor in place, fused: one allreduce per dtype and device."""
+    op, tensors = _op(op, average), list(tensors)
+    if op == Adasum:
+        return [allreduce_(t, None, None, op, prescale_factor, postscale_factor, process_set) for t in tensors]
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.dtype, str(t.device)), []).append(i)
+    with torch.no_grad():
+        for key in sorted(groups, key=str):  # the same order on every rank
+            members = [tensors[i] for i in groups[key]]
+            flat = torch.cat([t.reshape(-1) for t in members])
+            allreduce_(flat, None, None, op, prescale_factor, postscale_factor, process_set)
+            start = 0
+            for t in members:
+                t.copy_(flat[start:start + t.numel()].view(t.shape))
+                start += t.numel()
+    return tensors
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=_global):
+    if compression is not Compression.none:
+        return [allreduce(t, average, name, compression, op, prescale_factor, postscale_factor, process_set)
+                for t in tensors]
+    return grouped_allreduce_([t.detach().clone() for t in tensors], average, name, op, prescale_factor,
+                              postscale_factor, process_set)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=_global):
+    copies = [t.detach().clone() for t in tensors]
+    return _submit(process_set, "grouped_allreduce_async", grouped_allreduce_, copies, average, name, op,
+                   prescale_factor, postscale_factor, process_set)
+
+
+def _adasum(tensor, comm) -> torch.Tensor:
+    """Adasum (Maleki et al., "Scaling Distributed Training with Adaptive Summation"): pairs of ranks combine
+    a and b as (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b, then pairs of pairs, as its recursive doubling
+    does; here every rank gathers the vectors and combines them in that tree (the same result, in float64)."""
+    n = comm.size
+    if n & (n - 1):
+        raise DDLError(f"rank {comm.rank}: Adasum needs a power-of-two number of ranks, not {n}")
+    values, _ = dt._host_view(tensor.detach().cpu().contiguous())
+    rows = comm.allgather(values.reshape(1, -1).astype(np.float64))
+    level = list(rows)
+    while len(level) > 1:
+        level = [_adasum_pair(level[i], level[i + 1]) for i in range(0, len(level), 2)]
+    return torch.from_numpy(level[0].reshape(tuple(tensor.shape))).to(tensor.dtype).to(tensor.device)
+
+
+def _adasum_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    dot, aa, bb = float(a @ b), float(a @ a), float(b @ b)
+    ca = 1.0 - dot / (2 * aa) if aa > 0 else 1.0
+    cb = 1.0 - dot / (2 * bb) if bb > 0 else 1.0
+    return ca * a + cb * b
+
+
+# -- allgather, broadcast, alltoall, reducescatter --------------------------------------------------------
+
+def _gather(tensor, process_set) -> torch.Tensor:
+    comm = communicator_of(process_set)
+    if tensor.is_cuda:
+        return comm.allgather(tensor.detach().contiguous())
+    values, _ = dt._host_view(tensor.detach().contiguous())
+    return torch.from_numpy(comm.allgather(values)).to(tensor.device, tensor.dtype)
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, process_set):
+        ctx.rows, ctx.process_set = tensor.shape[0], process_set
+        return _gather(tensor, process_set)
+
+    @staticmethod
+    def backward(ctx, grad):
+        summed = allreduce_(grad.detach().clone(), None, None, Sum, 1.0, 1.0, ctx.process_set)
+        rows = _gather(torch.tensor([ctx.rows]), ctx.process_set)
+        offset = int(rows[:ctx.process_set.rank()].sum())
+        return summed.narrow(0, offset, ctx.rows), None
+
+
+def allgather(tensor, name=None, process_set=_global):
+    """Every rank's tensor concatenated along the first dimension (its size may differ by rank)."""
+    return _Allgather.apply(tensor, process_set)
+
+
+def allgather_async(tensor, name=None, process_set=_global):
+    return _submit(process_set, "allgather_async", _gather, tensor.detach().clone(), process_set)
+
+
+def grouped_allgather(tensors, name=None, process_set=_global):
+    return [allgather(t, name, process_set) for t in tensors]
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=_global):
+    """Overwrites ``tensor`` with root's (``root_rank``: a rank of the set); returns it."""
+    with torch.no_grad():
+        return dt.broadcast_(tensor, root_rank, communicator_of(process_set))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, process_set):
+        ctx.root, ctx.process_set = root_rank, process_set
+        return broadcast_(tensor.detach().clone(), root_rank, None, process_set)
+
+    @staticmethod
+    def backward(ctx, grad):
+        summed = allreduce_(grad.detach().clone(), None, None, Sum, 1.0, 1.0, ctx.process_set)
+        return (summed if ctx.process_set.rank() == ctx.root else torch.zeros_like(summed)), None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=_global):
+    return _Broadcast.apply(tensor, root_rank, process_set)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=_global):
+    return _submit(process_set, "broadcast_async", broadcast_, tensor.detach().clone(), root_rank, name,
+                   process_set)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=_global):
+    return _submit(process_set, "broadcast_async_", broadcast_, tensor, root_rank, name, process_set)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=_global):
+    """Rows ``splits[j]`` of ``tensor`` (in order) go to rank j; returns what every rank sent here, in rank
+    order, and (when ``splits`` is given) how many rows came from each. Rides on ddl's allgather: every rank
+    receives every rank's tensor and keeps its own part (size times a direct exchange's traffic)."""
+    comm = communicator_of(process_set)
+    n, rows = comm.size, tensor.shape[0]
+    if splits is None:
+        if rows % n:
+            raise DDLError(f"rank {comm.rank}: alltoall without splits needs a first dimension divisible by the "
+                           f"{n} ranks, not {rows}")
+        mine = torch.full((n,), rows // n, dtype=torch.int64)
+    else:
+        mine = torch.as_tensor(splits, dtype=torch.int64).reshape(-1)
+        if mine.numel() != n or int(mine.sum()) != rows or bool((mine < 0).any()):
+            raise DDLError(f"rank {comm.rank}: alltoall splits {mine.tolist()}: {n} counts adding up to the "
+                           f"first dimension {rows} expected")
+    table = _gather(mine.reshape(1, n), process_set)  # table[i][j]: rows rank i sends to rank j
+    everything = _gather(tensor, process_set)
+    me, parts, start = comm.rank, [], 0
+    for i in range(n):
+        offset = start + int(table[i, :me].sum())
+        parts.append(everything[offset:offset + int(table[i, me])])
+        start += int(table[i].sum())
+    out = torch.cat(parts) if parts else tensor[:0]
+    return out if splits is None else (out, table[:, me].clone())
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=_global,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's block of the first dimension of the reduction (blocks as even as can be, the first ranks
+    one row more)."""
+    comm = communicator_of(process_set)
+    summed = allreduce(tensor, None, name, compression, op, prescale_factor, postscale_factor, process_set)
+    base, extra = divmod(tensor.shape[0], comm.size)
+    start = comm.rank * base + min(comm.rank, extra)
+    return summed[start:start + base + (comm.rank < extra)].clone()
+
+
+# -- handles, barrier, join, objects ------------------------------------------------------------------------
+
+def _submit(process_set, name: str, fn, *args):
+    return communicator_of(process_set).submit(name, fn, *args)
+
+
+def synchronize(handle):
+    """The result of an ``*_async`` call (the output tensor), once it is done; its error if it failed."""
+    return handle.wait()
+
+
+def poll(handle) -> bool:
+    return handle.done()
+
+
+def barrier(process_set=_global) -> None:
+    communicator_of(process_set).barrier()
+
+
+def join(device=-1) -> int:
+    """Every rank says it has no more data; returns the rank that got here last (by the hosts' clocks). Unlike
+    Horovod, ranks that joined do not serve the others' allreduces with zeros: every rank must reach join,
+    and a rank still reducing meanwhile gets ddl.MismatchError naming both calls."""
+    comm = ddl.communicator()
+    arrived = comm.allgather(np.array([time.time()]))
+    return int(np.argmax(arrived))
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=_global):
+    """Root's ``obj`` (anything torch.save writes) on every rank of the set."""
+    comm = communicator_of(process_set)
+    data = np.empty(0, np.uint8)
+    if comm.rank == root_rank:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        data = np.frombuffer(buffer.getvalue(), np.uint8)
+    length = int(comm.broadcast(np.array([data.size], np.int64), root_rank)[0])
+    if comm.rank != root_rank:
+        data = np.empty(length, np.uint8)
+    return torch.load(io.BytesIO(comm.broadcast(data, root_rank).tobytes()), weights_only=False)
+
+
+def allgather_object(obj, name=None, process_set=_global) -> list:
+    """Every rank's ``obj`` (anything pickle writes), in rank order."""
+    comm = communicator_of(process_set)
+    data = np.frombuffer(pickle.dumps(obj), np.uint8)
+    lengths = comm.allgather(np.array([data.size], np.int64))
+    everything = comm.allgather(data)
+    cuts = np.cumsum(lengths)[:-1]
+    return [pickle.loads(part.tobytes()) for part in np.split(everything, cuts)]
+
+
+# -- training ------------------------------------------------------------------------------------------------
+
+def broadcast_parameters(params, root_rank=0) -> None:
+    dt.broadcast_parameters(params, root_rank)
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0, model=None) -> None:
+    dt.broadcast_optimizer_state(optimizer, root_rank)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
+                         op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=_global):
+    """Horovod's DistributedOptimizer on ddl's (gradients in fused buffers whose allreduces start from
+    backward as each fills). ``num_groups``/``groups`` are accepted: ddl's buffers (DDL_FUSION_BYTES) decide
+    how gradients are fused. ``sparse_as_dense``: sparse gradients are averaged dense either way; with it
+    they stay dense afterwards. Adasum is refused here (see the module's note)."""
+    if op == Adasum:
+        unsupported("DistributedOptimizer(op=hvd.Adasum)", "op=hvd.Average, or hvd.allreduce(tensor, "
+                    "op=hvd.Adasum) on the gradients yourself")
+    if op not in (Average, Sum):
+        raise DDLError(f"DistributedOptimizer op {op!r}: hvd.Average or hvd.Sum")
+    comm = None if process_set is _global or process_set.ranks is None else communicator_of(process_set)
+    return dt.DistributedOptimizer(optimizer, named_parameters, op, backward_passes_per_step,
+                                   compression=compression, gradient_predivide_factor=gradient_predivide_factor,
+                                   sparse_as_dense=sparse_as_dense, comm=comm)
+
+
+from . import elastic  # noqa: E402 (hvd.elastic, on the names above)
+
+_NOT_HERE = {
+    "start_timeline": "ddlrun --timeline-filename FILE (or DDL_TIMELINE=FILE) for ddl's Chrome trace",
+    "stop_timeline": "ddlrun --timeline-filename FILE (the trace covers the whole run)",
+    "sparse_allreduce_async": "a dense allreduce (DistributedOptimizer averages sparse gradients dense)",
+    "allgather_object_async": "allgather_object",
+}
+
+
+def __getattr__(name: str):
+    if name in _NOT_HERE:
+        unsupported(f"hvd.{name}", _NOT_HERE[name])
+    raise AttributeError(f"module 'ddl.horovod.torch' has no attribute {name!r}")

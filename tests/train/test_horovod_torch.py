@@ -1,0 +1,284 @@
+"""ddl.horovod.torch under MPI (mpi_suite.py at 2 and 4 ranks): Horovod's names with Horovod's meaning.
+Expected values are closed forms, numpy, or torch run on one process over the global batch; never ddl."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+MPI = pytest.importorskip("mpi4py.MPI")
+
+import ddl  # noqa: E402
+import ddl.horovod.torch as hvd  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+COMM = MPI.COMM_WORLD
+
+
+@pytest.fixture(autouse=True, scope="module")
+def started():
+    hvd.init()
+    yield
+
+
+def test_ranks_and_hosts():
+    assert (hvd.rank(), hvd.size()) == (COMM.rank, COMM.size)
+    assert hvd.is_initialized() and hvd.mpi_enabled() and not hvd.gloo_enabled()
+    # one host here: every rank local, one cross rank
+    assert hvd.local_size() == hvd.size() and hvd.local_rank() == hvd.rank()
+    assert (hvd.cross_rank(), hvd.cross_size()) == (0, 1) and hvd.is_homogeneous()
+
+
+@pytest.mark.parametrize("op, reduce", [(None, lambda v: v.mean(0)), ("Sum", lambda v: v.sum(0)),
+                                        ("Min", lambda v: v.min(0)), ("Max", lambda v: v.max(0)),
+                                        ("Product", lambda v: v.prod(0))])
+def test_allreduce_ops_copies_in_place_and_async(op, reduce):
+    r, n = hvd.rank(), hvd.size()
+    every = np.stack([(i + 1) * np.arange(1, 6, dtype=np.float64) for i in range(n)])
+    want = torch.from_numpy(reduce(every))
+    op = getattr(hvd, op) if op else None
+    t = torch.from_numpy(every[r].copy())
+    torch.testing.assert_close(hvd.allreduce(t, op=op), want)
+    assert torch.equal(t, torch.from_numpy(every[r]))  # a copy: the input left alone
+    torch.testing.assert_close(hvd.synchronize(hvd.allreduce_async(t, op=op)), want)
+    h = hvd.allreduce_async_(t, op=op)
+    hvd.synchronize(h)
+    assert hvd.poll(h)
+    torch.testing.assert_close(t, want)
+
+
+def test_average_flag_scale_factors_and_grouped_allreduce():
+    r, n = hvd.rank(), hvd.size()
+    t = torch.full((3,), float(r))
+    torch.testing.assert_close(hvd.allreduce(t, average=False), torch.full((3,), n * (n - 1) / 2))
+    got = hvd.allreduce(t, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5)
+    torch.testing.assert_close(got, torch.full((3,), n * (n - 1) / 2))
+    a, b, c = torch.full((2, 2), float(r)), torch.tensor([r, 1], dtype=torch.int64), torch.full((5,), 1.0)
+    ga, gb, gc = hvd.grouped_allreduce([a, b, c], op=hvd.Sum)
+    torch.testing.assert_close(ga, torch.full((2, 2), n * (n - 1) / 2))
+    assert torch.equal(gb, torch.tensor([n * (n - 1) // 2, n])) and torch.equal(gc, torch.full((5,), float(n)))
+    out = hvd.synchronize(hvd.grouped_allreduce_async([a, c]))  # Average
+    torch.testing.assert_close(out[0], torch.full((2, 2), (n - 1) / 2))
+
+
+def test_allreduce_is_differentiable():
+    x = torch.full((4,), float(hvd.rank() + 1), requires_grad=True)
+    (hvd.allreduce(x, op=hvd.Sum) * torch.arange(4.0)).sum().backward()
+    # the sum over ranks of every rank's loss: each x gets size * arange
+    torch.testing.assert_close(x.grad, hvd.size() * torch.arange(4.0))
+
+
+def test_allgather_of_uneven_rows_and_its_gradient():
+    r, n = hvd.rank(), hvd.size()
+    x = torch.full((r + 1, 2), float(r), requires_grad=True)
+    y = hvd.allgather(x)
+    want = np.concatenate([np.full((i + 1, 2), float(i)) for i in range(n)])
+    np.testing.assert_array_equal(y.detach().numpy(), want)
+    weights = torch.arange(float(y.numel())).reshape(y.shape)
+    (y * weights).sum().backward()
+    start = sum(i + 1 for i in range(r))
+    torch.testing.assert_close(x.grad, n * weights[start:start + r + 1])
+    out = hvd.synchronize(hvd.allgather_async(torch.tensor([r])))
+    assert out.tolist() == list(range(n))
+
+
+def test_broadcast_copies_in_place_and_async():
+    r, n = hvd.rank(), hvd.size()
+    root = n - 1
+    t = torch.full((3,), float(r))
+    assert torch.equal(hvd.broadcast(t, root), torch.full((3,), float(root))) and float(t[0]) == r
+    hvd.synchronize(hvd.broadcast_async_(t, root))
+    assert torch.equal(t, torch.full((3,), float(root)))
+    assert hvd.broadcast_object({"from": r}, root_rank=root) == {"from": root}
+    assert hvd.allgather_object(("rank", r)) == [("rank", i) for i in range(n)]
+
+
+def test_alltoall_with_and_without_splits():
+    r, n = hvd.rank(), hvd.size()
+    # rank r sends j + 1 rows of value 10 r + j to rank j
+    rows = torch.cat([torch.full((j + 1,), float(10 * r + j)) for j in range(n)])
+    out, received = hvd.alltoall(rows, splits=[j + 1 for j in range(n)])
+    want = np.concatenate([np.full(r + 1, 10 * i + r) for i in range(n)])
+    np.testing.assert_array_equal(out.numpy(), want)
+    assert received.tolist() == [r + 1] * n
+    even = torch.arange(2 * n, dtype=torch.int32) + 100 * r  # two rows to each rank
+    np.testing.assert_array_equal(hvd.alltoall(even).numpy(),
+                                  np.concatenate([[100 * i + 2 * r, 100 * i + 2 * r + 1] for i in range(n)]))
+
+
+def test_reducescatter_gives_each_rank_its_block_of_the_sum():
+    r, n = hvd.rank(), hvd.size()
+    rows = 2 * n + 1  # uneven: the first rank gets one row more
+    t = torch.arange(rows * 2, dtype=torch.float64).reshape(rows, 2) * (r + 1)
+    total = np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) * (n * (n + 1) / 2)
+    sizes = [2 + (i < 1) for i in range(n)]
+    start = sum(sizes[:r])
+    np.testing.assert_allclose(hvd.reducescatter(t, op=hvd.Sum).numpy(), total[start:start + sizes[r]])
+    np.testing.assert_allclose(hvd.reducescatter(t).numpy(), total[start:start + sizes[r]] / n)
+
+
+def adasum_tree(vectors):
+    """Adasum's pairwise operator applied as its recursive doubling does (numpy, float64)."""
+    level = list(vectors)
+    while len(level) > 1:
+        nxt = []
+        for a, b in zip(level[::2], level[1::2]):
+            d = a @ b
+            nxt.append((1 - d / (2 * (a @ a))) * a + (1 - d / (2 * (b @ b))) * b)
+        level = nxt
+    return level[0]
+
+
+def test_adasum_on_tensors_and_its_limits():
+    r, n = hvd.rank(), hvd.size()
+    vectors = [np.random.default_rng(i).standard_normal(7) for i in range(n)]
+    t = torch.from_numpy(vectors[r].copy())
+    if n & (n - 1):
+        with pytest.raises(ddl.DDLError, match="power-of-two"):
+            hvd.allreduce(t, op=hvd.Adasum)
+    else:
+        np.testing.assert_allclose(hvd.allreduce(t, op=hvd.Adasum).numpy(), adasum_tree(vectors), rtol=1e-10)
+    with pytest.raises(ddl.DDLError, match="Adasum.*not supported.*op=hvd.Average"):
+        hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1), op=hvd.Adasum)
+
+
+def model_and_data(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy(rng.standard_normal((8 * hvd.size(), 6)).astype(np.float32))
+    y = torch.from_numpy(rng.standard_normal((8 * hvd.size(), 2)).astype(np.float32))
+    return model, x, y
+
+
+def one_process(steps, lr, scale=1.0):
+    """Plain torch on the global batch (its mean loss, times ``scale``): what every rank's model must hold."""
+    model, x, y = model_and_data()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for _ in range(steps):
+        opt.zero_grad()
+        (torch.nn.functional.mse_loss(model(x), y) * scale).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("options, passes, scale, rtol", [
+    ({}, 1, 1.0, 1e-5),
+    ({"op": "Sum"}, 1, None, 1e-5),                        # a sum of the ranks' mean gradients
+    ({"gradient_predivide_factor": 2.0}, 1, 1.0, 1e-5),
+    ({"backward_passes_per_step": 2}, 2, 1.0, 1e-5),
+    ({"compression": "fp16"}, 1, 1.0, 2e-3),
+])
+def test_distributed_optimizer_matches_one_process_on_the_global_batch(options, passes, scale, rtol):
+    n, r = hvd.size(), hvd.rank()
+    options = dict(options)
+    if "op" in options:
+        options["op"] = getattr(hvd, options["op"])
+    if "compression" in options:
+        options["compression"] = getattr(hvd.Compression, options["compression"])
+    model, x, y = model_and_data()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                   named_parameters=model.named_parameters(), **options)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    mine = slice(r * 8, (r + 1) * 8)
+    xs, ys = x[mine], y[mine]
+    for _ in range(3):
+        opt.zero_grad()
+        for k in range(passes):
+            part = slice(k * 8 // passes, (k + 1) * 8 // passes)
+            (torch.nn.functional.mse_loss(model(xs[part]), ys[part]) / passes).backward()
+        opt.step()
+    # every option keeps the global batch's mean gradient (passes of half the shard, each loss / passes: their
+    # sum is the shard's mean), but Sum: the sum over ranks of their means, n times the global mean
+    want = one_process(3, 0.05, n if scale is None else scale)
+    got = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    torch.testing.assert_close(got, want, rtol=rtol, atol=rtol)
+
+
+def test_sparse_gradients_are_averaged_and_kept_dense_on_request():
+    n, r = hvd.size(), hvd.rank()
+    for dense in (False, True):
+        emb = torch.nn.Embedding(5, 3, sparse=True)
+        with torch.no_grad():
+            emb.weight.fill_(1.0)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=1.0), sparse_as_dense=dense)
+        emb(torch.tensor([r % 5])).sum().backward()
+        opt.synchronize()
+        assert emb.weight.grad.is_sparse is (not dense)
+        want = np.zeros((5, 3))
+        for i in range(n):
+            want[i % 5] += 1.0 / n
+        np.testing.assert_allclose(emb.weight.grad.to_dense().numpy(), want, rtol=1e-6)
+
+
+def test_sync_batch_norm_normalises_over_the_global_batch():
+    n, r = hvd.size(), hvd.rank()
+    torch.manual_seed(3)
+    x = torch.randn(4 * n, 3, 5)
+    weight, bias = torch.randn(3), torch.randn(3)
+    ref = torch.nn.BatchNorm1d(3)
+    sync = hvd.SyncBatchNorm(3)
+    with torch.no_grad():
+        for bn in (ref, sync):
+            bn.weight.copy_(weight)
+            bn.bias.copy_(bias)
+    xg = x.clone().requires_grad_(True)
+    want = ref(xg)
+    (want * want).mean().backward()  # one process: mean over the global batch
+    mine = x[r * 4:(r + 1) * 4].clone().requires_grad_(True)
+    out = sync(mine)
+    torch.testing.assert_close(out, want[r * 4:(r + 1) * 4].detach(), rtol=1e-4, atol=1e-5)
+    ((out * out).sum() / want.numel()).backward()  # this rank's share of the global mean
+    grads = [hvd.allreduce(g, op=hvd.Sum) for g in (sync.weight.grad, sync.bias.grad)]
+    torch.testing.assert_close(grads[0], ref.weight.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(grads[1], ref.bias.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(mine.grad, xg.grad[r * 4:(r + 1) * 4], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(sync.running_mean, ref.running_mean, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(sync.running_var, ref.running_var, rtol=1e-4, atol=1e-6)
+
+
+def test_process_sets_reduce_their_own_tensors_at_once():
+    n, r = hvd.size(), hvd.rank()
+    everyone = hvd.add_process_set(list(range(n)))    # the world's ranks, a communicator of their own
+    firsts = hvd.add_process_set(list(range(max(1, n - 1))))  # overlapping: all but the last rank
+    try:
+        assert everyone.included() and everyone.size() == n and everyone.rank() == r
+        assert firsts.included() is (r < max(1, n - 1))
+        # both sets' reductions in flight together, each on its own communicator and worker
+        h1 = hvd.allreduce_async(torch.full((4,), float(r)), op=hvd.Sum, process_set=everyone)
+        if firsts.included():
+            h2 = hvd.allreduce_async(torch.full((4,), 1.0), op=hvd.Sum, process_set=firsts)
+            assert torch.equal(hvd.synchronize(h2), torch.full((4,), float(firsts.size())))
+        else:
+            with pytest.raises(ddl.DDLError, match="not in process set"):
+                hvd.allreduce(torch.ones(1), process_set=firsts)
+        assert torch.equal(hvd.synchronize(h1), torch.full((4,), n * (n - 1) / 2))
+    finally:
+        hvd.remove_process_set(firsts)
+        hvd.remove_process_set(everyone)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_process_sets_that_differ_across_ranks_are_an_error_everywhere():
+    mine = [0] if hvd.rank() == 0 else [0, 1]
+    with pytest.raises(ddl.MismatchError, match="add_process_set"):
+        hvd.add_process_set(mine)
+
+
+def test_elastic_states_keep_and_restore_values():
+    model, _, _ = model_and_data()
+    state = hvd.elastic.TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), epoch=3)
+    before = [p.detach().clone() for p in model.parameters()]
+    state.commit()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    state.epoch = 4
+    state.restore()
+    assert state.epoch == 3 and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    objects = hvd.elastic.ObjectState(batch=7)
+    objects.commit()
+    objects.batch = 9
+    objects.restore()
+    assert objects.batch == 7
+    with pytest.raises(ddl.DDLError, match="ElasticSampler is not supported"):
+        hvd.elastic.ElasticSampler
