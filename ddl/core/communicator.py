@@ -542,6 +542,21 @@ class Communicator:
             self.execute(plan, data, _native.RunOptions(_BYTE, _SUM, self.options.timeout, call))
         return result
 
+    def broadcast_bytes(self, data: bytes | None, root: int = 0) -> bytes:
+        """Root's bytes on every rank, whatever their length (it travels first); ``data`` is read on root only.
+        The objects ddl moves (pickles, torch.save's output) go this way."""
+        payload = np.frombuffer(data, np.uint8) if self.rank == root else np.empty(0, np.uint8)
+        length = int(self.broadcast(np.array([payload.size], np.int64), root)[0])
+        if self.rank != root:
+            payload = np.empty(length, np.uint8)
+        return self.broadcast(payload, root).tobytes()
+
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's bytes, in rank order (lengths may differ)."""
+        payload = np.frombuffer(data, np.uint8)
+        lengths = self.allgather(np.array([payload.size], np.int64))
+        return [part.tobytes() for part in np.split(self.allgather(payload), np.cumsum(lengths)[:-1])]
+
     def barrier(self) -> None:
         """Returns once every rank has entered the barrier (an agreement round with no data)."""
         self._after_submitted()

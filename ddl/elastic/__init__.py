@@ -31,7 +31,6 @@ from __future__ import annotations
 import atexit
 import copy
 import functools
-import io
 import os
 import pickle
 import signal
@@ -172,11 +171,7 @@ def broadcast_object(obj, root: int = 0):
     import ddl
 
     comm = ddl.communicator()
-    data = np.frombuffer(pickle.dumps(obj), np.uint8) if comm.rank == root else np.empty(0, np.uint8)
-    length = int(comm.broadcast(np.array([data.size], np.int64), root)[0])
-    if comm.rank != root:
-        data = np.empty(length, np.uint8)
-    return pickle.load(io.BytesIO(comm.broadcast(data, root).tobytes()))
+    return pickle.loads(comm.broadcast_bytes(pickle.dumps(obj) if comm.rank == root else None, root))
 
 
 def run(func):

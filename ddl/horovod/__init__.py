@@ -157,6 +157,17 @@ def communicator_of(process_set: ProcessSet | None) -> Communicator:
     return (process_set or global_process_set).communicator()
 
 
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    communicator_of(process_set).barrier()
+
+
+def allgather_object(obj, name=None, process_set: ProcessSet = global_process_set) -> list:
+    """Every rank's ``obj`` (anything pickle writes), in rank order."""
+    import pickle
+
+    return [pickle.loads(b) for b in communicator_of(process_set).allgather_bytes(pickle.dumps(obj))]
+
+
 def unsupported(name: str, instead: str):
     """Raises the error every unsupported Horovod name gives: what it is and what to use instead."""
     raise DDLError(f"{name} is not supported by ddl's Horovod surface; use {instead}")

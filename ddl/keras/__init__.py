@@ -212,13 +212,17 @@ class DDLCallback(keras.callbacks.Callback):
         _prepare(self.model, self.threshold)
 
     def on_epoch_end(self, epoch, logs=None):
-        if not logs or ddl.size() == 1:
-            return
-        names = sorted(logs)
-        values = np.array([float(logs[k]) for k in names], np.float64)
-        averaged = ddl.communicator().allreduce(values, "avg")
-        for k, v in zip(names, averaged):
-            logs[k] = float(v)
+        average_logs(logs)
+
+
+def average_logs(logs) -> None:
+    """Replaces every value of Keras' ``logs`` by its mean over ranks (one allreduce)."""
+    if not logs or ddl.size() == 1:
+        return
+    names = sorted(logs)
+    averaged = ddl.communicator().allreduce(np.array([float(logs[k]) for k in names], np.float64), "avg")
+    for k, v in zip(names, averaged):
+        logs[k] = float(v)
 
 
 class DDLGlobalVariablesCallback(keras.callbacks.Callback):
@@ -252,9 +256,12 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
+    def epoch_at(self, batch: int) -> float:
+        """The epoch, with its fraction done, at ``batch`` (steps_per_epoch, else fit's steps)."""
+        return self._epoch + batch / (self.steps_per_epoch or self.params.get("steps") or 1)
+
     def on_train_batch_begin(self, batch, logs=None):
-        steps = self.steps_per_epoch or self.params.get("steps") or 1
-        epoch = self._epoch + batch / steps
+        epoch = self.epoch_at(batch)
         if epoch <= self.warmup_epochs:
             self.model.optimizer.learning_rate = self.rate(epoch)
 

@@ -92,12 +92,14 @@ def broadcast_(tensor: torch.Tensor, root: int = 0, comm=None) -> torch.Tensor:
     return _write_back(tensor, comm.broadcast(values, root), False)
 
 
-def allgather(tensor: torch.Tensor) -> torch.Tensor:
-    """Every rank's tensor concatenated along the first dimension, in rank order."""
+def allgather(tensor: torch.Tensor, comm=None) -> torch.Tensor:
+    """Every rank's tensor (of ``comm``, default ddl's) concatenated along the first dimension, in rank order
+    (first dimensions may differ)."""
+    comm = comm or ddl.communicator()
     if tensor.is_cuda:
-        return ddl.communicator().allgather(tensor.detach().contiguous())
-    values, _ = _host_view(tensor)
-    return torch.from_numpy(ddl.communicator().allgather(values)).to(tensor.device, tensor.dtype)
+        return comm.allgather(tensor.detach().contiguous())
+    values, _ = _host_view(tensor.detach().contiguous())
+    return torch.from_numpy(comm.allgather(values)).to(tensor.device, tensor.dtype)
 
 
 def _copy_into(tensor: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -123,19 +125,13 @@ def broadcast_parameters(params, root_rank: int = 0) -> None:
         _write_back(t, values, False)
 
 
-def broadcast_object(obj, root: int = 0):
-    """Root's ``obj`` (anything torch.save can write) on every rank."""
-    comm = ddl.communicator()
-    data = np.empty(0, np.uint8)
+def broadcast_object(obj, root: int = 0, comm=None):
+    """Root's ``obj`` (anything torch.save can write) on every rank (of ``comm``, default ddl's)."""
+    comm = comm or ddl.communicator()
+    buffer = io.BytesIO()
     if comm.rank == root:
-        buffer = io.BytesIO()
         torch.save(obj, buffer)
-        data = np.frombuffer(buffer.getvalue(), np.uint8)
-    length = comm.broadcast(np.array([data.size], np.int64), root)[0]
-    if comm.rank != root:
-        data = np.empty(int(length), np.uint8)
-    data = comm.broadcast(data, root)
-    return torch.load(io.BytesIO(data.tobytes()), weights_only=False)
+    return torch.load(io.BytesIO(comm.broadcast_bytes(buffer.getvalue(), root)), weights_only=False)
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:

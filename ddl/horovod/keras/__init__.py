@@ -13,8 +13,8 @@ import numpy as np
 import ddl
 from ... import keras as dk
 from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum,  # noqa: F401
-                add_process_set, communicator_of, cross_rank, cross_size, global_process_set, init,
-                is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled, rank,
+                add_process_set, allgather_object, barrier, communicator_of, cross_rank, cross_size,
+                global_process_set, init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled, rank,
                 remove_process_set, shutdown, size, unsupported)
 
 _global = global_process_set
@@ -100,20 +100,6 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=_global):
     if process_set is not _global and process_set.ranks is not None:
         unsupported("broadcast_object(process_set=...) in ddl.horovod.keras", "the global set")
     return world_broadcast(obj, root_rank)
-
-
-def allgather_object(obj, name=None, process_set=_global) -> list:
-    import pickle
-
-    comm = communicator_of(process_set)
-    data = np.frombuffer(pickle.dumps(obj), np.uint8)
-    lengths = comm.allgather(np.array([data.size], np.int64))
-    parts = np.split(comm.allgather(data), np.cumsum(lengths)[:-1])
-    return [pickle.loads(p.tobytes()) for p in parts]
-
-
-def barrier(process_set=_global) -> None:
-    communicator_of(process_set).barrier()
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):

@@ -4,7 +4,6 @@ from __future__ import annotations
 import sys
 
 import keras
-import numpy as np
 
 import ddl
 from ... import keras as dk
@@ -27,12 +26,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         super().__init__()
 
     def on_epoch_end(self, epoch, logs=None):
-        if not logs or ddl.size() == 1:
-            return
-        names = sorted(logs)
-        averaged = ddl.communicator().allreduce(np.array([float(logs[k]) for k in names], np.float64), "avg")
-        for k, v in zip(names, averaged):
-            logs[k] = float(v)
+        dk.average_logs(logs)
 
 
 def _momentum_note(callback, optimizer) -> None:
@@ -91,8 +85,7 @@ class LearningRateWarmupCallback(dk.LearningRateWarmupCallback):
 
     def on_train_batch_begin(self, batch, logs=None):
         """As Horovod's (a schedule whose end is warmup_epochs, excluded), so a schedule starting there wins."""
-        steps = self.steps_per_epoch or self.params.get("steps") or 1
-        epoch = self._epoch + batch / steps
+        epoch = self.epoch_at(batch)
         if epoch < self.warmup_epochs:
             _momentum_note(self, self.model.optimizer)
             self.model.optimizer.learning_rate = self.rate(epoch)

@@ -15,11 +15,13 @@ class KerasState(_KerasState):
         super().__init__(model, **values)
 
 
-class UpdateBatchStateCallback(keras.callbacks.Callback):
+class _KeepsState(keras.callbacks.Callback):
     def __init__(self, state):
         super().__init__()
         self.state = state
 
+
+class UpdateBatchStateCallback(_KeepsState):
     def on_train_batch_end(self, batch, logs=None):
         self.state.batch = batch + 1
 
@@ -27,10 +29,6 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
         self.state.batch = 0
 
 
-class UpdateEpochStateCallback(keras.callbacks.Callback):
-    def __init__(self, state):
-        super().__init__()
-        self.state = state
-
+class UpdateEpochStateCallback(_KeepsState):
     def on_epoch_end(self, epoch, logs=None):
         self.state.epoch = epoch + 1

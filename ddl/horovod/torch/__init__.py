@@ -13,8 +13,6 @@ DistributedOptimizer, is refused (use it on tensors with ``hvd.allreduce(op=hvd.
 """
 from __future__ import annotations
 
-import io
-import pickle
 import time
 
 import numpy as np
@@ -25,7 +23,7 @@ from ... import torch as dt
 from ...errors import DDLError
 from ...torch.compression import Compression
 from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum,  # noqa: F401
-                add_process_set, communicator_of, cross_rank, cross_size, ddl_built, global_process_set,
+                add_process_set, allgather_object, barrier, communicator_of, cross_rank, cross_size, ddl_built, global_process_set,
                 gloo_built, gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
                 mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set, shutdown,
                 size, unsupported)
@@ -144,8 +142,7 @@ def _adasum(tensor, comm) -> torch.Tensor:
     n = comm.size
     if n & (n - 1):
         raise DDLError(f"rank {comm.rank}: Adasum needs a power-of-two number of ranks, not {n}")
-    values, _ = dt._host_view(tensor.detach().cpu().contiguous())
-    rows = comm.allgather(values.reshape(1, -1).astype(np.float64))
+    rows = comm.allgather(tensor.detach().cpu().double().reshape(1, -1).numpy())
     level = list(rows)
     while len(level) > 1:
         level = [_adasum_pair(level[i], level[i + 1]) for i in range(0, len(level), 2)]
@@ -162,11 +159,7 @@ def _adasum_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # -- allgather, broadcast, alltoall, reducescatter --------------------------------------------------------
 
 def _gather(tensor, process_set) -> torch.Tensor:
-    comm = communicator_of(process_set)
-    if tensor.is_cuda:
-        return comm.allgather(tensor.detach().contiguous())
-    values, _ = dt._host_view(tensor.detach().contiguous())
-    return torch.from_numpy(comm.allgather(values)).to(tensor.device, tensor.dtype)
+    return dt.allgather(tensor, communicator_of(process_set))
 
 
 class _Allgather(torch.autograd.Function):
@@ -280,10 +273,6 @@ def poll(handle) -> bool:
     return handle.done()
 
 
-def barrier(process_set=_global) -> None:
-    communicator_of(process_set).barrier()
-
-
 def join(device=-1) -> int:
     """Every rank says it has no more data; returns the rank that got here last (by the hosts' clocks). Unlike
     Horovod, ranks that joined do not serve the others' allreduces with zeros: every rank must reach join,
@@ -295,26 +284,7 @@ def join(device=-1) -> int:
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=_global):
     """Root's ``obj`` (anything torch.save writes) on every rank of the set."""
-    comm = communicator_of(process_set)
-    data = np.empty(0, np.uint8)
-    if comm.rank == root_rank:
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        data = np.frombuffer(buffer.getvalue(), np.uint8)
-    length = int(comm.broadcast(np.array([data.size], np.int64), root_rank)[0])
-    if comm.rank != root_rank:
-        data = np.empty(length, np.uint8)
-    return torch.load(io.BytesIO(comm.broadcast(data, root_rank).tobytes()), weights_only=False)
-
-
-def allgather_object(obj, name=None, process_set=_global) -> list:
-    """Every rank's ``obj`` (anything pickle writes), in rank order."""
-    comm = communicator_of(process_set)
-    data = np.frombuffer(pickle.dumps(obj), np.uint8)
-    lengths = comm.allgather(np.array([data.size], np.int64))
-    everything = comm.allgather(data)
-    cuts = np.cumsum(lengths)[:-1]
-    return [pickle.loads(part.tobytes()) for part in np.split(everything, cuts)]
+    return dt.broadcast_object(obj, root_rank, communicator_of(process_set))
 
 
 # -- training ------------------------------------------------------------------------------------------------
