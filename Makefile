@@ -20,7 +20,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ddl-installed
 NATIVE := setup.py pyproject.toml $(wildcard native/*.cpp native/src/*.cpp native/include/ddl/*.hpp)
 ifeq ($(MPI),openmpi)
-  INSTALL := -e ".[test,train]"
+  INSTALL := -e ".[test,train,horovod]" ./extras/horovodrun  # the extra's distribution, from the checkout
   SOURCES := $(NATIVE)
 else
   INSTALL := ".[test]"

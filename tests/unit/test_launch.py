@@ -335,3 +335,41 @@ def test_horovodrun_flags_become_ddls_settings(monkeypatch, capsys):
     assert ddlrun.split_program(ap, ["--mpi", "python", "x.py"]) == ([], ["python", "x.py"])
     with pytest.raises(ddlrun.DDLError, match="hydra passes no arguments to ssh"):
         mpirun.build("mpich", "/v/bin/mpiexec", mpirun.Job(["p"], 2, ["a", "b"], ssh_port=2222), False, 2)
+
+
+def test_the_horovodrun_command_speaks_horovodruns_spellings(monkeypatch, capsys):
+    from importlib.metadata import distribution
+
+    from ddl.tools import horovodrun
+
+    options, program = horovodrun.translate(
+        ["--num-proc", "4", "--hosts", "a:2,b:2", "--mpi-args", "-x FOO", "--hierarchical-allreduce",
+         "--log-level", "DEBUG", "--disable-cache", "--mpi", "python", "train.py", "--num-proc", "9"])
+    assert options == ["-np", "4", "-H", "a:2,b:2", "--mpiarg", "-x FOO", "--mpi"]
+    assert program == ["python", "train.py", "--num-proc", "9"]  # the program's own arguments untouched
+    assert horovodrun.translate(["--mpi", "mpich", "-np=2", "x"]) == (["--mpi", "mpich", "-np=2"], ["x"])
+    for refused, hint in (("--ssh-identity-file", "IdentityFile"), ("--autotune", "cost model"),
+                          ("--jsrun", "LSF")):
+        with pytest.raises(SystemExit):
+            horovodrun.translate([refused, "python", "t.py"])
+        assert refused in (err := capsys.readouterr().err) and hint in err
+    # the whole path: horovodrun's line becomes ddlrun's command
+    monkeypatch.setenv("DDL_MPIEXEC", "/v/bin/mpiexec")
+    monkeypatch.setattr(mpirun, "flavor", lambda exe: "openmpi")
+    monkeypatch.setattr(ddlrun, "_machine", lambda: CPU_BOX)
+    assert horovodrun.main(["--dry-run", "--num-proc", "2", "--verbose", "--no-stall-check", "--mpi", "python",
+                            "t.py"]) == 0
+    err = capsys.readouterr().err
+    assert "--no-stall-check accepted: ddl has no stall checker" in err
+    line = err.strip().splitlines()[-1]
+    assert " -n 2 " in line and line.endswith(" ".join(SHIM) + " python t.py")
+    # the command ships only with the extra: ddl itself installs no horovodrun
+    assert "horovodrun" not in {e.name for e in distribution("ddl").entry_points}
+    assert 'horovod = ["ddl-horovodrun"]' in open(_repo_file("pyproject.toml")).read()
+    assert 'horovodrun = "ddl.tools.horovodrun:main"' in open(_repo_file("extras/horovodrun/pyproject.toml")).read()
+
+
+def _repo_file(name: str) -> str:
+    import os
+
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", name)
