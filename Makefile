@@ -71,10 +71,10 @@ train: $(STAMP)
 	cd tests && ../$(PY) mpi_suite.py train/test_torch.py train/test_torch_backend.py train/test_horovod_torch.py --ranks 2 4
 	cd tests && KERAS_BACKEND=torch ../$(PY) mpi_suite.py train/test_keras.py train/test_horovod_keras.py --ranks 2
 	cd tests && KERAS_BACKEND=tensorflow ../$(PY) mpi_suite.py train/test_keras.py train/test_horovod_keras.py --ranks 2
-	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 examples
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 -n 2 examples  # two at a time: much of it waits
 
 cluster: $(STAMP)
-	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 cluster
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 -n 2 cluster  # two clusters at a time: byte counts, no timings, are asserted
 
 # What CI runs on the second MPI: the emulated cluster itself, its traffic on the shaped links and its deadline
 # (the probe, DDP and elastic jobs run on Open MPI).
