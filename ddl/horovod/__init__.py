@@ -127,15 +127,10 @@ def add_process_set(process_set) -> ProcessSet:
     world = ddl.communicator()
     if ps.ranks is None:
         raise DDLError(f"rank {world.rank}: the global process set exists already")
-    problem = None
-    if not ps.ranks or len(set(ps.ranks)) != len(ps.ranks) or not all(0 <= r < world.size for r in ps.ranks):
-        problem = f"process set ranks {ps.ranks}: distinct ranks of 0..{world.size - 1} expected"
-    elif any(s.ranks == ps.ranks for s in _sets.values()):
-        problem = f"a process set of ranks {ps.ranks} exists already"
-    world.agree(f"add_process_set(ranks={ps.ranks})", problem)
+    if any(s.ranks == ps.ranks for s in _sets.values()):
+        world.agree(f"add_process_set(ranks={ps.ranks})", f"a process set of ranks {ps.ranks} exists already")
+    ps._comm = ddl.new_team(ps.ranks, call="add_process_set")
     ps.process_set_id = max(_sets) + 1
-    if world.rank in ps.ranks:
-        ps._comm = world.group(ps.ranks)
     _sets[ps.process_set_id] = ps
     return ps
 

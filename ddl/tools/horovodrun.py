@@ -1,7 +1,7 @@
 """horovodrun on ddl: Horovod's launcher command line, run by ddlrun.
 
-Installed only with the extra (``pip install ddl[horovod]``; from a checkout ``pip install -e ".[horovod]"``),
-since a ``horovodrun`` command shadows a real Horovod's. Every option ddlrun shares with horovodrun (-np, -H,
+Installed only with the extra (``pip install ddl[horovod]``; from a checkout, ``pip install --no-deps
+./extras/horovodrun``), since a ``horovodrun`` command shadows a real Horovod's. Every option ddlrun shares with horovodrun (-np, -H,
 --hostfile, -p, --start-timeout, --network-interface, --timeline-filename, --fusion-threshold-mb,
 --cycle-time-ms, --verbose, --min-np, --max-np, --host-discovery-script, --reset-limit, --gloo, --mpi,
 --output-filename, --tcp) means what it means to ddlrun; this module adds horovodrun's other spellings,

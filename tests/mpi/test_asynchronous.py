@@ -57,3 +57,27 @@ def test_a_rank_that_never_submits_ends_in_a_deadline_error_not_a_hang():
             handle.wait(30)
     COMM.Barrier()
     comm.close()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_two_teams_reduce_different_tensors_at_once():
+    import ddl
+
+    ddl.init()
+    halves = [list(range(SIZE // 2)), list(range(SIZE // 2, SIZE))]  # disjoint; and one team of everyone
+    mine = 0 if RANK < SIZE // 2 else 1
+    teams = [ddl.new_team(h) for h in halves]
+    everyone = ddl.new_team(range(SIZE))
+    try:
+        assert teams[1 - mine] is None and teams[mine].size == len(halves[mine])
+        n = 100_003 + mine  # each team its own size: a crossed wire cannot go unnoticed
+        own = teams[mine].allreduce_async(np.full(n, RANK + 1.0), "sum")
+        world = everyone.allreduce_async(np.full(7, float(RANK)), "sum")  # in flight beside it
+        assert np.array_equal(own.wait(), np.full(n, float(sum(r + 1 for r in halves[mine]))))
+        assert np.array_equal(world.wait(), np.full(7, SIZE * (SIZE - 1) / 2))
+        with pytest.raises(ddl.MismatchError, match="new_team"):  # membership that differs across ranks
+            ddl.new_team([0] if RANK == 0 else [0, 1])
+    finally:
+        for t in [*teams, everyone]:
+            if t is not None:
+                t.close()
