@@ -10,6 +10,8 @@ differ all raise MismatchError. Importing ddl never imports TensorFlow, Keras or
 """
 from __future__ import annotations
 
+from numbers import Integral
+
 from . import _moved
 from . import gpu as _gpu  # noqa: F401 (registers the device collectives with ddl.core.devices)
 from . import options as _options
@@ -94,9 +96,11 @@ def new_team(ranks, *, call: str = "new_team") -> Communicator | None:
     the same ranks (ranks that disagree all get MismatchError, naming who passed what); members get the
     team's communicator, the others None. ``call``: what errors name (ddl.horovod's add_process_set)."""
     world = communicator()
-    ranks = [int(r) for r in ranks]
+    ranks = [int(r) if isinstance(r, Integral) else r for r in ranks]  # numpy's integers too
     problem = None
-    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world.size for r in ranks):
+    if not all(isinstance(r, int) for r in ranks):  # said in the agreement round: no rank is left waiting
+        problem = f"{call}: ranks {ranks}: whole numbers expected"
+    elif not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world.size for r in ranks):
         problem = f"{call}: ranks {ranks}: distinct ranks of 0..{world.size - 1} expected"
     world.agree(f"{call}(ranks={ranks})", problem)
     return world.group(ranks) if world.rank in ranks else None

@@ -77,6 +77,8 @@ def test_two_teams_reduce_different_tensors_at_once():
         assert np.array_equal(world.wait(), np.full(7, SIZE * (SIZE - 1) / 2))
         with pytest.raises(ddl.MismatchError, match="new_team"):  # membership that differs across ranks
             ddl.new_team([0] if RANK == 0 else [0, 1])
+        with pytest.raises(ddl.DDLError, match="whole numbers"):  # refused on every rank, none left waiting
+            ddl.new_team([0, "1"])
     finally:
         for t in [*teams, everyone]:
             if t is not None:
