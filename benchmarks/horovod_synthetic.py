@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -51,7 +52,7 @@ def horovod_on_cluster(cluster, python: str, args: list[str], workdir: Path) -> 
     script = workdir / "pytorch_synthetic_benchmark.py"
     script.write_text(SCRIPT.read_text().replace("import ddl.horovod.torch as hvd", "import horovod.torch as hvd"))
     (workdir / "resnet.py").write_text((EXAMPLES / "resnet.py").read_text())
-    addresses = [f"10.200.{i // 250}.{i % 250 + 1}" for i in range(len(cluster.hosts))]  # Cluster.up's scheme
+    addresses = [cluster.address(h) for h in cluster.hosts]
     shim_dir = workdir / "bin"
     shim_dir.mkdir()
     cases = " ".join(f'{a}) shift; set -- {h} "$@" ;;' for a, h in zip(addresses, cluster.hosts))
@@ -63,8 +64,6 @@ def horovod_on_cluster(cluster, python: str, args: list[str], workdir: Path) -> 
     cmd = ["env", f"PATH={shim_dir}:{os.environ['PATH']}", "OMP_NUM_THREADS=1", horovodrun,
            "-np", str(cluster.nranks), "-H", slots, "--gloo", "--network-interface", "eth0", "--start-timeout", "60",
            python, str(script), *args]
-    import subprocess
-
     done = subprocess.run(cluster.exec_argv(cluster.rank_hosts[0], cmd), capture_output=True, text=True,
                           timeout=1800, cwd=workdir)
     if done.returncode:

@@ -159,6 +159,11 @@ class Cluster:
     def ns(self, host: str) -> str:
         return self.prefix + host
 
+    def address(self, host: str) -> str:
+        """The IPv4 address of ``host``'s eth0 (the i-th node's: 10.200.0.0/16 counted from 1)."""
+        i = self.hosts.index(host)
+        return f"10.200.{i // 250}.{i % 250 + 1}"
+
     @property
     def nranks(self) -> int:
         return len(self.rank_hosts)
@@ -223,10 +228,10 @@ class Cluster:
             _sh("ip", "-n", self.ns(h), "link", "set", "lo", "up")
         for link in self.links:
             self._wire(link)
-        for i, n in enumerate(t.nodes()):
+        for n in t.nodes():
             if t.parent(n) is not None:
-                ns = self.ns(self._host[n])
-                _sh("ip", "-n", ns, "addr", "add", f"10.200.{i // 250}.{i % 250 + 1}/16", "dev", "eth0")
+                host = self._host[n]
+                _sh("ip", "-n", self.ns(host), "addr", "add", f"{self.address(host)}/16", "dev", "eth0")
         self._write_files()
         return self
 

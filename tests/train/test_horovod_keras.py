@@ -13,6 +13,7 @@ MPI = pytest.importorskip("mpi4py.MPI")
 
 import ddl  # noqa: E402
 import ddl.horovod.keras as hvd  # noqa: E402
+from test_keras import data, flat, make_model as keras_model  # noqa: E402  (the same model and data)
 
 pytestmark = pytest.mark.mpi
 COMM = MPI.COMM_WORLD
@@ -20,23 +21,7 @@ BATCH, STEPS = 8, 4
 
 
 def make_model(seed: int, distributed: bool):
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(16, activation="tanh"),
-                              keras.layers.Dense(3, activation="softmax")])
-    opt = keras.optimizers.SGD(0.1, momentum=0.9)
-    model.compile(optimizer=hvd.DistributedOptimizer(opt) if distributed else opt,
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    return model
-
-
-def data(p: int):
-    rng = np.random.default_rng(11)
-    n = p * BATCH * STEPS
-    return rng.standard_normal((n, 10)).astype(np.float32), rng.integers(0, 3, n)
-
-
-def flat(arrays) -> np.ndarray:
-    return np.concatenate([np.asarray(a, np.float64).reshape(-1) for a in arrays])
+    return keras_model(seed, hvd.DistributedOptimizer if distributed else (lambda optimizer: optimizer))
 
 
 class Rates(keras.callbacks.Callback):

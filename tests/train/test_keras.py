@@ -19,11 +19,12 @@ COMM = MPI.COMM_WORLD
 BATCH, STEPS, EPOCHS = 8, 4, 3
 
 
-def make_model(seed: int):
+def make_model(seed: int, wrap=lambda optimizer: optimizer):
+    """The tests' small classifier; ``wrap`` makes its optimizer distributed (test_horovod_keras uses it too)."""
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(16, activation="tanh"),
                               keras.layers.Dense(3, activation="softmax")])
-    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="sparse_categorical_crossentropy",
+    model.compile(optimizer=wrap(keras.optimizers.SGD(0.1, momentum=0.9)), loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"])
     return model
 
