@@ -5,6 +5,7 @@ with several processes on one GPU. What this proves: staging offsets, chunking, 
 and error paths. What it cannot: anything about real GPUs (tests/gpu does that where one exists).
 """
 import os
+import tempfile
 
 import ml_dtypes
 import numpy as np
@@ -27,7 +28,8 @@ STAGED_BYTES = (6 << 20) + 12  # several staging pieces of 1.5 MiB, and not a mu
 @pytest.fixture(scope="module", autouse=True)
 def world():
     saved = {k: os.environ.get(k) for k in ("DDL_CUDA_DRIVER", "DDL_NCCL_LIBRARY", "DDL_NCCL_LEVELS")}
-    os.environ.update(build())
+    libraries = tempfile.TemporaryDirectory(prefix="ddl-fakes-")  # removed below: once loaded, not needed
+    os.environ.update(build(libraries.name))
     os.environ["DDL_NCCL_LEVELS"] = "0"
     gpu.libraries._LIBS.clear()
     ddl.finalize()
@@ -35,6 +37,7 @@ def world():
     yield
     ddl.finalize()
     gpu.libraries._LIBS.clear()
+    libraries.cleanup()
     for k, v in saved.items():
         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
