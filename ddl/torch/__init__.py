@@ -174,6 +174,7 @@ def _average_on_device(grads: list[torch.Tensor], threshold: int | None) -> None
 
 from .compression import Compression  # noqa: E402
 from .optimizer import DistributedOptimizer, GradientBuckets  # noqa: E402 (they use the helpers above)
+from .adasum import DistributedAdasumOptimizer, adasum_  # noqa: E402,F401 (Adasum in place of averaging)
 
 
 from . import backend as _backend  # noqa: E402 (it uses the helpers above)

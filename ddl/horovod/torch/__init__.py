@@ -8,8 +8,8 @@ and not needed: ddl matches collectives by their order, not their names.
 
 What differs from Horovod is said where it applies: ``alltoall`` rides on ddl's allgather (every rank
 receives all the data); ``join`` needs every rank to reach it (a rank still reducing meanwhile gets
-MismatchError naming both calls, not a hang); Adasum needs a power-of-two number of ranks and, in
-DistributedOptimizer, is refused (use it on tensors with ``hvd.allreduce(op=hvd.Adasum)``).
+MismatchError naming both calls, not a hang); Adasum needs a power-of-two number of ranks and gathers the
+ranks' tensors rather than halving them (ddl.torch.adasum says what that costs).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import torch
 import ddl
 from ... import torch as dt
 from ...errors import DDLError
+from ...torch.adasum import DistributedAdasumOptimizer, adasum_
 from ...torch.compression import Compression
 from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum,  # noqa: F401
                 add_process_set, allgather_object, barrier, communicator_of, cross_rank, cross_size, ddl_built, global_process_set,
@@ -48,17 +49,7 @@ def _op(op, average) -> str:
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=_global):
     """Reduces ``tensor`` in place across the set's ranks; returns it."""
-    op, comm = _op(op, average), communicator_of(process_set)
-    with torch.no_grad():
-        if prescale_factor != 1.0:
-            tensor.mul_(prescale_factor)
-        if op == Adasum:
-            tensor.copy_(_adasum(tensor, comm))
-        else:
-            dt.allreduce_(tensor, op, comm)
-        if postscale_factor != 1.0:
-            tensor.mul_(postscale_factor)
-    return tensor
+    return grouped_allreduce_([tensor], average, name, op, prescale_factor, postscale_factor, process_set)[0]
 
 
 class _Allreduce(torch.autograd.Function):
@@ -100,23 +91,37 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=_global):
-    """Reduces every tensor in place, fused: one allreduce per dtype and device."""
-    op, tensors = _op(op, average), list(tensors)
-    if op == Adasum:
-        return [allreduce_(t, None, None, op, prescale_factor, postscale_factor, process_set) for t in tensors]
-    groups: dict[tuple, list[int]] = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault((t.dtype, str(t.device)), []).append(i)
+    """Reduces every tensor in place, fused: one allreduce per dtype and device (Adasum: one gather, each
+    tensor keeping its own dot products, as Horovod's per-layer Adasum)."""
+    op, tensors, comm = _op(op, average), list(tensors), communicator_of(process_set)
     with torch.no_grad():
-        for key in sorted(groups, key=str):  # the same order on every rank
-            members = [tensors[i] for i in groups[key]]
-            flat = torch.cat([t.reshape(-1) for t in members])
-            allreduce_(flat, None, None, op, prescale_factor, postscale_factor, process_set)
-            start = 0
-            for t in members:
-                t.copy_(flat[start:start + t.numel()].view(t.shape))
-                start += t.numel()
+        if prescale_factor != 1.0:
+            for t in tensors:
+                t.mul_(prescale_factor)
+        if op == Adasum:
+            adasum_(tensors, comm)
+        else:
+            _fused_allreduce_(tensors, op, comm)
+        if postscale_factor != 1.0:
+            for t in tensors:
+                t.mul_(postscale_factor)
     return tensors
+
+
+def _fused_allreduce_(tensors, op: str, comm) -> None:
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, str(t.device)), []).append(t)
+    for key in sorted(groups, key=str):  # the same order on every rank
+        members = groups[key]
+        if len(members) == 1 and members[0].is_contiguous():
+            dt.allreduce_(members[0], op, comm)  # in place, no copy
+            continue
+        flat = dt.allreduce_(torch.cat([t.reshape(-1) for t in members]), op, comm)
+        start = 0
+        for t in members:
+            t.copy_(flat[start:start + t.numel()].view(t.shape))
+            start += t.numel()
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -133,27 +138,6 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     copies = [t.detach().clone() for t in tensors]
     return _submit(process_set, "grouped_allreduce_async", grouped_allreduce_, copies, average, name, op,
                    prescale_factor, postscale_factor, process_set)
-
-
-def _adasum(tensor, comm) -> torch.Tensor:
-    """Adasum (Maleki et al., "Scaling Distributed Training with Adaptive Summation"): pairs of ranks combine
-    a and b as (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b, then pairs of pairs, as its recursive doubling
-    does; here every rank gathers the vectors and combines them in that tree (the same result, in float64)."""
-    n = comm.size
-    if n & (n - 1):
-        raise DDLError(f"rank {comm.rank}: Adasum needs a power-of-two number of ranks, not {n}")
-    rows = comm.allgather(tensor.detach().cpu().double().reshape(1, -1).numpy())
-    level = list(rows)
-    while len(level) > 1:
-        level = [_adasum_pair(level[i], level[i + 1]) for i in range(0, len(level), 2)]
-    return torch.from_numpy(level[0].reshape(tuple(tensor.shape))).to(tensor.dtype).to(tensor.device)
-
-
-def _adasum_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    dot, aa, bb = float(a @ b), float(a @ a), float(b @ b)
-    ca = 1.0 - dot / (2 * aa) if aa > 0 else 1.0
-    cb = 1.0 - dot / (2 * bb) if bb > 0 else 1.0
-    return ca * a + cb * b
 
 
 # -- allgather, broadcast, alltoall, reducescatter --------------------------------------------------------
@@ -303,13 +287,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """Horovod's DistributedOptimizer on ddl's (gradients in fused buffers whose allreduces start from
     backward as each fills). ``num_groups``/``groups`` are accepted: ddl's buffers (DDL_FUSION_BYTES) decide
     how gradients are fused. ``sparse_as_dense``: sparse gradients are averaged dense either way; with it
-    they stay dense afterwards. Adasum is refused here (see the module's note)."""
-    if op == Adasum:
-        unsupported("DistributedOptimizer(op=hvd.Adasum)", "op=hvd.Average, or hvd.allreduce(tensor, "
-                    "op=hvd.Adasum) on the gradients yourself")
-    if op not in (Average, Sum):
-        raise DDLError(f"DistributedOptimizer op {op!r}: hvd.Average or hvd.Sum")
+    they stay dense afterwards. ``op=hvd.Adasum``: as Horovod's, each rank steps its own optimizer on its own
+    gradients and the parameters' changes are combined by Adasum (ddl.torch.adasum)."""
     comm = None if process_set is _global or process_set.ranks is None else communicator_of(process_set)
+    if op == Adasum:
+        if gradient_predivide_factor != 1.0:
+            raise DDLError("gradient_predivide_factor is not supported with op=hvd.Adasum (as in Horovod): "
+                           "Adasum combines parameter changes, it does not average gradients")
+        return DistributedAdasumOptimizer(optimizer, compression, comm)
+    if op not in (Average, Sum):
+        raise DDLError(f"DistributedOptimizer op {op!r}: hvd.Average, hvd.Sum or hvd.Adasum")
     return dt.DistributedOptimizer(optimizer, named_parameters, op, backward_passes_per_step,
                                    compression=compression, gradient_predivide_factor=gradient_predivide_factor,
                                    sparse_as_dense=sparse_as_dense, comm=comm)
