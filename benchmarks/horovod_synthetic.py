@@ -5,7 +5,8 @@ ranks (2 racks x 2 nodes x 1 rank, NICs 1 Gbit/s, rack uplinks 500 Mbit/s), as r
 
 Side by side, in one run, each peer on the same cluster: examples/horovod/pytorch_synthetic_benchmark.py on
 ddl (ddl.horovod.torch, gradients averaged during backward), the same script with Horovod's import line on a
-real Horovod 0.28.1 (its horovodrun, gloo; toolchain.md §9; left out where none is given), PyTorch DDP on gloo
+real Horovod 0.28.1 (its horovodrun, gloo, across the nodes through an ssh shim; `sh benchmarks/build_horovod.sh
+torch VENV` builds one; left out where none is given), PyTorch DDP on gloo
 (benchmarks/ddp_synthetic_job.py), and the ranks' compute alone (no averaging: the ceiling). Beside them, the
 communication's lower bound per step for ResNet-18's gradients on this topology, and the images per second
 it allows. One thread per rank (the machine has fewer cores than ranks). Writes
@@ -30,10 +31,9 @@ SCRIPT = EXAMPLES / "pytorch_synthetic_benchmark.py"
 SPEC = "2x2x1:nic=1gbit:uplink=500mbit"
 GRADIENT_BYTES = 11_689_512 * 4  # ResNet-18's parameters, float32
 TOTAL = re.compile(r"Total img/sec on (\d+) CPU\(s\): ([0-9.]+) \+-([0-9.]+)")
-# ssh's place for horovodrun: drop ssh's options, map the node's address to its name, enter it with the agent
+# ssh's place for horovodrun: drop ssh's options, enter the node with the cluster's agent
 SSH_SHIM = """#!/bin/sh
 while [ $# -gt 0 ]; do case "$1" in -o|-p|-i|-l|-F) shift 2 ;; -*) shift ;; *) break ;; esac; done
-case "$1" in %(cases)s esac
 host=$1; shift
 while [ $# -gt 0 ]; do case "$1" in -o|-p|-i|-l|-F) shift 2 ;; -*) shift ;; *) break ;; esac; done  # after it too
 exec %(agent)s "$host" "$@"
@@ -52,14 +52,11 @@ def horovod_on_cluster(cluster, python: str, args: list[str], workdir: Path) -> 
     script = workdir / "pytorch_synthetic_benchmark.py"
     script.write_text(SCRIPT.read_text().replace("import ddl.horovod.torch as hvd", "import horovod.torch as hvd"))
     (workdir / "resnet.py").write_text((EXAMPLES / "resnet.py").read_text())
-    addresses = [cluster.address(h) for h in cluster.hosts]
     shim_dir = workdir / "bin"
     shim_dir.mkdir()
-    cases = " ".join(f'{a}) shift; set -- {h} "$@" ;;' for a, h in zip(addresses, cluster.hosts))
-    (shim_dir / "ssh").write_text(SSH_SHIM % {"cases": cases, "agent": cluster.workdir / "agent.sh"})
+    (shim_dir / "ssh").write_text(SSH_SHIM % {"agent": cluster.workdir / "agent.sh"})
     (shim_dir / "ssh").chmod(0o755)
-    slots = ",".join(f"{addresses[cluster.hosts.index(h)]}:{cluster.rank_hosts.count(h)}"
-                     for h in dict.fromkeys(cluster.rank_hosts))
+    slots = ",".join(f"{h}:{cluster.rank_hosts.count(h)}" for h in dict.fromkeys(cluster.rank_hosts))
     horovodrun = str(Path(python).parent / "horovodrun")
     cmd = ["env", f"PATH={shim_dir}:{os.environ['PATH']}", "OMP_NUM_THREADS=1", horovodrun,
            "-np", str(cluster.nranks), "-H", slots, "--gloo", "--network-interface", "eth0", "--start-timeout", "60",

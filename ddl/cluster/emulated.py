@@ -8,7 +8,8 @@ Every node is a namespace ``ddl-<cluster>-<host>`` with ``lo`` and ``eth0`` (10.
 bridge in the cluster's switch namespace ``ddl-<cluster>-sw``; a switch's uplink is a veth pair from its bridge
 to its parent's. Both ends of every link get a tbf shaper (full duplex), whose byte counters tell what crossed
 the link. Hostnames are per process (``unshare --uts``), so MPI's launcher reaches a node through an agent
-script that enters its namespace (ssh's place). MTU 9000, as cluster fabrics run, so framing costs <1 %.
+script that enters its namespace (ssh's place). Node names resolve on every node, as a cluster's DNS would
+have them (``ip netns exec`` mounts /etc/netns/<namespace>/hosts over /etc/hosts). MTU 9000, as cluster fabrics run, so framing costs <1 %.
 Needs root and ``ip netns``; available() says why not.
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .. import topology as topo
 from ..errors import DDLError
 
 STATE_DIR = Path(os.environ.get("DDL_CLUSTER_STATE", "/run/ddl-cluster"))
+NETNS_ETC = Path("/etc/netns")  # ip netns exec's per-namespace overrides of /etc files
 MTU = 9000
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,23}")
 _AUTO = re.compile(r"ddl-p(\d+)-\d+-")
@@ -133,6 +135,7 @@ def _kill_inside(ns: str, wait: float = 5.0) -> None:
 def _kill_and_delete(ns: str) -> None:
     _kill_inside(ns)
     _sh("ip", "netns", "del", ns, check=False)
+    shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
 
 
 class Cluster:
@@ -249,6 +252,12 @@ class Cluster:
                 "burst", str(_burst(link.bps)), "latency", "50ms")
 
     def _write_files(self) -> None:
+        # Software that resolves its own hostname (gloo does, and crashes when it cannot) finds it, and the
+        # other nodes' names too (no DNS reaches the namespaces).
+        hosts = "127.0.0.1 localhost\n" + "".join(f"{self.address(h)} {h}\n" for h in self.hosts)
+        for h in self.hosts:
+            (NETNS_ETC / self.ns(h)).mkdir(parents=True, exist_ok=True)
+            (NETNS_ETC / self.ns(h) / "hosts").write_text(hosts)
         agent = self.workdir / "agent.sh"
         agent.write_text(AGENT % {"prefix": self.prefix})
         agent.chmod(0o755)

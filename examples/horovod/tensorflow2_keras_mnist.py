@@ -53,7 +53,7 @@ history = model.fit(dataset, steps_per_epoch=64 // hvd.size(), callbacks=callbac
                     verbose=1 if hvd.rank() == 0 else 0)
 
 weights = float(sum(np.sum(w, dtype=np.float64) for w in model.get_weights()))
-every = hvd.allgather_object(weights)
+every = hvd.allgather(tf.constant([weights], dtype=tf.float64)).numpy().tolist()  # Horovod's keras has no allgather_object
 if hvd.rank() == 0:
     print(f"final loss {history.history['loss'][-1]:.4f} accuracy {history.history['accuracy'][-1]:.4f} "
           f"ranks {hvd.size()} same weights on every rank {all(w == weights for w in every)}")

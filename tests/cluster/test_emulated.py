@@ -46,14 +46,19 @@ def left_behind(*clusters) -> set[str]:
 
 def test_nodes_have_their_own_hostnames_and_everything_goes_on_exit():
     with cluster.Cluster("3,2,1") as c, cluster.Cluster("2x1") as d:  # two clusters side by side
-        for host in c.hosts:
+        for i, host in enumerate(c.hosts):
             out = subprocess.run(c.exec_argv(host, ["hostname"]), capture_output=True, text=True, timeout=30)
             assert out.stdout.strip() == host
+            # every node's name resolves on every node, to the i-th address (as gloo needs its own to)
+            names = subprocess.run(c.exec_argv(host, ["getent", "hosts", *c.hosts]), capture_output=True,
+                                   text=True, timeout=30).stdout.split()
+            assert names == [w for k, h in enumerate(c.hosts) for w in (f"10.200.0.{k + 1}", h)]
         assert {c.ns(h) for h in c.hosts} | {d.ns(h) for h in d.hosts} <= namespaces()
         ping = subprocess.run(c.exec_argv("node2", ["ping", "-c", "1", "-W", "5", "10.200.0.1"]),
                               capture_output=True, text=True, timeout=30)
         assert ping.returncode in (0, 127), ping.stdout + ping.stderr  # 127: no ping installed
     assert left_behind(c, d) == set()
+    assert not any(Path("/etc/netns", c.ns(h)).exists() for h in c.hosts)  # the name files go too
 
 
 def test_an_error_inside_tears_the_cluster_down():

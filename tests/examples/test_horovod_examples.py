@@ -5,9 +5,10 @@ only the import line changed, and run under ddlrun with horovodrun's flags or un
 - the synthetic benchmarks (plain and elastic) end with the weights of a closed reference: each rank's
   gradients on its own synthetic batch (its batch norm statistics its own), averaged, SGD in one process;
 - the tf.keras MNIST example trains, every rank with the same weights.
-Where a real Horovod is installed (HOROVOD_PYTHON: its interpreter; toolchain.md §9) the same scripts with
+Where a real Horovod is installed (HOROVOD_PYTHON: its interpreter; benchmarks/build_horovod.sh) the same scripts with
 Horovod's import line run under its horovodrun and must print the same weights (one thread per rank on both:
-convolutions round differently with the thread count, and batch norm over four images magnifies that)."""
+convolutions round differently with the thread count, and batch norm over four images magnifies that). The
+tf.keras script has no such comparison: Horovod 0.28.1 on Keras 3 averages nothing (README, Coming from Horovod)."""
 import copy
 import os
 import re
