@@ -9,7 +9,8 @@ bridge in the cluster's switch namespace ``ddl-<cluster>-sw``; a switch's uplink
 to its parent's. Both ends of every link get a tbf shaper (full duplex), whose byte counters tell what crossed
 the link. Hostnames are per process (``unshare --uts``), so MPI's launcher reaches a node through an agent
 script that enters its namespace (ssh's place). Node names resolve on every node, as a cluster's DNS would
-have them (``ip netns exec`` mounts /etc/netns/<namespace>/hosts over /etc/hosts). MTU 9000, as cluster fabrics run, so framing costs <1 %.
+have them (``ip netns exec`` mounts /etc/netns/<namespace>/hosts over /etc/hosts). MTU 9000, as cluster
+fabrics run, so framing costs <1 %.
 Needs root and ``ip netns``; available() says why not.
 """
 from __future__ import annotations

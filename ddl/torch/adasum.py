@@ -61,8 +61,8 @@ def adasum_(tensors: list[torch.Tensor], comm=None) -> list[torch.Tensor]:
     with torch.no_grad():
         for key in sorted(groups, key=str):  # the same order on every rank
             members = groups[key]
-            flat = torch.cat([t.detach().reshape(-1) for t in members])
-            rows = ddl.torch.allgather(flat.reshape(1, -1), comm).double().cpu().numpy()
+            flat = torch.cat([t.detach().reshape(-1) for t in members]).cpu()  # combined on the host anyway
+            rows = ddl.torch.allgather(flat.reshape(1, -1), comm).double().numpy()
             ends = np.cumsum([t.numel() for t in members])
             bounds = [(int(e - t.numel()), int(e)) for t, e in zip(members, ends)]
             result = torch.from_numpy(combine(rows, bounds))
