@@ -46,13 +46,17 @@ def combine(rows: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
     return level[0]
 
 
+def _power_of_two(comm):
+    comm = comm or ddl.communicator()
+    if comm.size & (comm.size - 1):
+        raise DDLError(f"rank {comm.rank}: Adasum needs a power-of-two number of ranks, not {comm.size}")
+    return comm
+
+
 def adasum_(tensors: list[torch.Tensor], comm=None) -> list[torch.Tensor]:
     """Replaces every tensor by the Adasum of its values on the ranks of ``comm`` (default ddl's world);
     tensors of one dtype and device travel in one allgather, each keeping its own dot products."""
-    comm = comm or ddl.communicator()
-    n = comm.size
-    if n & (n - 1):
-        raise DDLError(f"rank {comm.rank}: Adasum needs a power-of-two number of ranks, not {n}")
+    comm = _power_of_two(comm)
     groups: dict[tuple, list[torch.Tensor]] = {}
     for t in tensors:
         if not t.is_floating_point():
@@ -91,6 +95,7 @@ def DistributedAdasumOptimizer(optimizer: torch.optim.Optimizer, compression: ty
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        _power_of_two(comm)  # before the local step, which the error would otherwise leave half done
         params = trainable(self)
         starts = [p.detach().clone() for p in params]
         out = base.step(self)

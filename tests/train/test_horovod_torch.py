@@ -235,8 +235,10 @@ def test_adasum_optimizer_combines_each_ranks_own_step(compression, rtol):
     mine = slice(r * 8, (r + 1) * 8)
     if n & (n - 1):
         torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+        before = [p.detach().clone() for p in model.parameters()]
         with pytest.raises(ddl.DDLError, match=f"rank {r}: Adasum needs a power-of-two"):
             opt.step()
+        assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))  # no half-done step
         return
     for _ in range(3):
         opt.zero_grad()
