@@ -13,7 +13,7 @@ MPI = pytest.importorskip("mpi4py.MPI")
 
 import ddl  # noqa: E402
 import ddl.horovod.keras as hvd  # noqa: E402
-from test_keras import data, flat, make_model as keras_model  # noqa: E402  (the same model and data)
+from test_keras import Record, data, flat, make_model as keras_model  # noqa: E402  (the same model, data, log)
 
 pytestmark = pytest.mark.mpi
 COMM = MPI.COMM_WORLD
@@ -35,15 +35,6 @@ class Rates(keras.callbacks.Callback):
         self.seen.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
 
 
-class Logs(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.epochs = []
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.epochs.append(dict(logs))
-
-
 def test_a_horovod_keras_script_trains_as_one_process_on_the_global_batch():
     hvd.init()
     p, r = hvd.size(), hvd.rank()
@@ -51,7 +42,7 @@ def test_a_horovod_keras_script_trains_as_one_process_on_the_global_batch():
     reference = make_model(seed=5, distributed=False)
     reference.fit(x, y, batch_size=BATCH * p, epochs=3, shuffle=False, verbose=0)
     model = make_model(seed=5 if r == 0 else 50 + r, distributed=True)  # the broadcast aligns the starts
-    before, after = Logs(), Logs()
+    before, after = Record(), Record()
     model.fit(x[r::p], y[r::p], batch_size=BATCH, epochs=3, shuffle=False, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), before,
                          hvd.callbacks.MetricAverageCallback(), after])
