@@ -26,7 +26,8 @@ _moved.install()
 __all__ = [
     "init", "finalize", "initialized", "communicator", "new_team", "rank", "size", "local_rank", "local_size",
     "num_hosts",
-    "allreduce", "allreduce_n", "grads_reduce", "broadcast", "bcast", "allgather", "barrier", "explain",
+    "allreduce", "allreduce_n", "grads_reduce", "broadcast", "bcast", "allgather", "reduce_scatter", "barrier",
+    "explain",
     "allreduce_async", "broadcast_async", "allgather_async", "synchronize", "poll", "Handle",
     "DDLError", "DeviceError", "MismatchError", "RankFailure", "TopologyError", "TransportError", "Communicator",
     "__version__",
@@ -180,17 +181,24 @@ def poll(handle: Handle) -> bool:
     return handle.done()
 
 
-def broadcast(array, root: int = 0):
-    """Returns root's ``array`` on every rank."""
-    return communicator().broadcast(array, root)
+def broadcast(array, root: int = 0, out=None):
+    """Returns root's ``array`` on every rank (or writes it to ``out``, which may be ``array`` itself)."""
+    return communicator().broadcast(array, root, out)
 
 
 bcast = broadcast
 
 
-def allgather(array):
-    """Concatenates every rank's ``array`` along the first axis, in rank order (first dims may differ)."""
-    return communicator().allgather(array)
+def allgather(array, out=None):
+    """Concatenates every rank's ``array`` along the first axis, in rank order (first dims may differ); into
+    ``out`` when given (in place when this rank's rows of ``out`` are ``array``)."""
+    return communicator().allgather(array, out)
+
+
+def reduce_scatter(array, op: str = "sum", out=None):
+    """Reduces ``array`` (the same shape on every rank) with ``op`` as allreduce does and returns this rank's
+    part of the result along the first axis (parts as numpy.array_split makes them), or writes it to ``out``."""
+    return communicator().reduce_scatter(array, op, out)
 
 
 def barrier() -> None:

@@ -3,7 +3,7 @@
 IBM's grammar: ``-mode <letter>[:<dims>]`` (letters r n b c m p; dims AxBxCxD, one per tier, innermost
 first), ``-dump_iter N``, ``-dev_sync 0|1|2``, ``-rebind_iter N``, ``-dbg_level 0|1|2``, ``-check TOL``.
 ddl adds ``-timeout S``, ``-algo NAME[,NAME...]``, ``-segment BYTES``, ``-inflight N``, ``-topology FILE``,
-``-plan FILE``, ``-probe auto|0|1|force``, ``-timeline FILE``. Options not given fall back to the DDL_* variables of ddl.config.
+``-plan FILE``, ``-probe auto|0|1|force``, ``-timeline FILE``, ``-shm auto|0``. Options not given fall back to the DDL_* variables of ddl.config.
 """
 from __future__ import annotations
 
@@ -62,6 +62,7 @@ class Options:
     small_bytes: int = 65536
     probe: str = "auto"             # auto, 0, 1, force (ddl.topology.probe)
     timeline: str | None = None     # Chrome-trace file written at ddl.finalize() (ddl.core.timeline)
+    shm: str = "auto"               # the host memory level: auto or 0 (ddl.core.host)
     extra: dict = field(default_factory=dict)
 
 
@@ -115,6 +116,17 @@ def probe_mode(text: str, where: str = "-probe") -> str:
     return value
 
 
+SHM_VALUES = ("auto", "0", "1")
+
+
+def shm_mode(text: str, where: str = "-shm") -> str:
+    value = text.strip().lower()
+    if value not in SHM_VALUES:
+        raise DDLError(f"{where} {text!r}: expected auto (or 1: the host memory level where ranks share a host) "
+                       f"or 0 (MPI messages only)")
+    return "auto" if value == "1" else value
+
+
 def _from_environment(environ) -> Options:
     seg = config.get("DDL_SEGMENT_BYTES", environ)
     inflight = config.get("DDL_INFLIGHT", environ)
@@ -128,6 +140,7 @@ def _from_environment(environ) -> Options:
         plan=config.get("DDL_PLAN", environ) or None,
         probe=probe_mode(config.get("DDL_PROBE", environ), "DDL_PROBE="),
         timeline=config.get("DDL_TIMELINE", environ) or None,
+        shm=shm_mode(config.get("DDL_SHM", environ), "DDL_SHM="),
     )
 
 
@@ -147,6 +160,7 @@ _PARSERS = {
     "plan": ("plan", str),
     "probe": ("probe", probe_mode),
     "timeline": ("timeline", str),
+    "shm": ("shm", shm_mode),
 }
 
 

@@ -9,6 +9,7 @@
 
 #include "ddl/cuda_driver.hpp"
 #include "ddl/executor.hpp"
+#include "ddl/host_memory.hpp"
 #include "ddl/loopback.hpp"
 #include "ddl/mpi_transport.hpp"
 #include "ddl/staging.hpp"
@@ -143,6 +144,96 @@ bool run(Executor& ex, const PyPlan& plan, const py::buffer& buf, const PyRunOpt
   return !o.header || (opt.header[0] == *o.header && opt.header[1] == -*o.header);
 }
 
+
+// The host memory level's calls: buffers are checked as bytes here, the collective runs with the GIL released.
+size_t byte_size(const py::buffer& buf) {
+  py::buffer_info info = buf.request();
+  return static_cast<size_t>(info.size * info.itemsize);
+}
+
+HostCall host_call(int64_t hash, double timeout, std::string label) {
+  HostCall c;
+  c.hash = hash, c.timeout_s = timeout, c.label = std::move(label);
+  return c;
+}
+
+void bind_host(py::module_& m) {
+  using V = std::vector<int64_t>;
+  py::class_<HostMemory>(m, "HostMemory",
+                         "The host level: the ranks of one host collect through one shared-memory segment.")
+      .def(py::init<const std::string&, bool, int, int, size_t, std::vector<int>, std::vector<int>>(),
+           py::arg("name"), py::arg("create"), py::arg("rank"), py::arg("size"), py::arg("slot_bytes"),
+           py::arg("pids"), py::arg("ranks"))
+      .def_static("unlink", &HostMemory::unlink, py::arg("name"))
+      .def_property_readonly("broken", &HostMemory::broken)
+      .def_property_readonly("slot_bytes", &HostMemory::slot_bytes)
+      .def("allreduce", [](HostMemory& h, const py::buffer& src, const py::buffer& dst, DType t, ReduceOp op,
+                           double factor, size_t one_phase, int64_t hash, double timeout, std::string label) {
+        const size_t n = byte_size(src);
+        const void* in = contiguous_buffer(src, DType::uint8, 0, false);
+        void* out = writable_buffer(dst, DType::uint8, static_cast<int64_t>(n));
+        HostCall c = host_call(hash, timeout, std::move(label));
+        py::gil_scoped_release nogil;
+        return h.allreduce(in, out, static_cast<int64_t>(n / dtype_size(t)), t, op, factor, one_phase, c);
+      }, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"), py::arg("factor"), py::arg("one_phase"),
+         py::arg("hash"), py::arg("timeout"), py::arg("label"))
+      .def("broadcast", [](HostMemory& h, const py::buffer& buf, int root, int64_t hash, double timeout,
+                           std::string label) {
+        void* data = writable_buffer(buf, DType::uint8, 0);
+        const size_t n = byte_size(buf);
+        HostCall c = host_call(hash, timeout, std::move(label));
+        py::gil_scoped_release nogil;
+        return h.broadcast(data, n, root, c);
+      }, py::arg("buffer"), py::arg("root"), py::arg("hash"), py::arg("timeout"), py::arg("label"))
+      .def("allgather", [](HostMemory& h, const py::buffer& src, const py::buffer& dst, const V& offsets,
+                           const V& lengths, int64_t hash, double timeout, std::string label) {
+        int64_t end = 0;
+        for (size_t r = 0; r < offsets.size() && r < lengths.size(); ++r) end = std::max(end, offsets[r] + lengths[r]);
+        const void* in = contiguous_buffer(src, DType::uint8, 0, false);
+        void* out = writable_buffer(dst, DType::uint8, end);
+        if (static_cast<size_t>(h.rank()) < lengths.size() &&
+            byte_size(src) < static_cast<size_t>(lengths[static_cast<size_t>(h.rank())]))
+          throw std::invalid_argument("allgather: the source is shorter than this rank's length");
+        HostCall c = host_call(hash, timeout, std::move(label));
+        py::gil_scoped_release nogil;
+        return h.allgather(in, out, offsets, lengths, c);
+      }, py::arg("src"), py::arg("dst"), py::arg("offsets"), py::arg("lengths"), py::arg("hash"),
+         py::arg("timeout"), py::arg("label"))
+      .def("allgather_equal", [](HostMemory& h, const py::buffer& src, const py::buffer& dst, int64_t hash,
+                                 double timeout, std::string label) {
+        const size_t n = byte_size(src);
+        const void* in = contiguous_buffer(src, DType::uint8, 0, false);
+        void* out = writable_buffer(dst, DType::uint8, static_cast<int64_t>(n * static_cast<size_t>(h.size())));
+        HostCall c = host_call(hash, timeout, std::move(label));
+        V lengths;
+        bool equal = false, agreed;
+        {
+          py::gil_scoped_release nogil;
+          agreed = h.allgather_equal(in, out, n, lengths, &equal, c);
+        }
+        return py::make_tuple(agreed, equal, lengths);
+      }, py::arg("src"), py::arg("dst"), py::arg("hash"), py::arg("timeout"), py::arg("label"),
+         "(agreed, equal, every rank's length): dst is filled only when all lengths equal this rank's.")
+      .def("reduce_scatter", [](HostMemory& h, const py::buffer& src, const py::buffer& dst, const V& starts,
+                                const V& counts, DType t, ReduceOp op, double factor, int64_t hash, double timeout,
+                                std::string label) {
+        int64_t end = 0;
+        for (size_t r = 0; r < starts.size() && r < counts.size(); ++r) end = std::max(end, starts[r] + counts[r]);
+        const void* in = contiguous_buffer(src, t, end, false);
+        const size_t me = static_cast<size_t>(h.rank());
+        void* out = writable_buffer(dst, t, me < counts.size() ? counts[me] : 0);
+        HostCall c = host_call(hash, timeout, std::move(label));
+        py::gil_scoped_release nogil;
+        return h.reduce_scatter(in, out, starts, counts, t, op, factor, c);
+      }, py::arg("src"), py::arg("dst"), py::arg("starts"), py::arg("counts"), py::arg("dtype"), py::arg("op"),
+         py::arg("factor"), py::arg("hash"), py::arg("timeout"), py::arg("label"))
+      .def("barrier", [](HostMemory& h, int64_t hash, double timeout, std::string label) {
+        HostCall c = host_call(hash, timeout, std::move(label));
+        py::gil_scoped_release nogil;
+        return h.barrier(c);
+      }, py::arg("hash"), py::arg("timeout"), py::arg("label"));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -176,6 +267,7 @@ PYBIND11_MODULE(_native, m) {
       .value("sum", ReduceOp::sum).value("prod", ReduceOp::prod)
       .value("min", ReduceOp::min).value("max", ReduceOp::max);
   bind_device(m);
+  bind_host(m);
 
   m.def("clock_ns", &clock_ns, "The executor's clock (steady, nanoseconds): the time base of take_spans().");
   m.def("reduce_into", [](const py::buffer& dst, const py::buffer& src, DType dtype, ReduceOp op) {

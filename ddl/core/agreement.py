@@ -38,6 +38,7 @@ class Agreement:
         self.rank, self.size, self.settings = rank, size, settings
         self._plans, self._execute, self._timeout = plans, execute, timeout
         self._hashes: dict[str, int] = {}
+        self.host = None  # the host memory level (ddl.core.host), which runs the round where ranks share a host
 
     def hash(self, call: str) -> int:
         h = self._hashes.get(call)
@@ -64,7 +65,12 @@ class Agreement:
         if they all agree on the same invalid call."""
         text = problem or call
         work = np.empty(0, np.uint8) if work is None else work
-        if not self._execute(self.plan(work.size), raw(work), self.options(text, dtype, op)):
+        if self.host is not None:
+            agreed = self.host.native.allreduce(raw(work), raw(work), dtype, op, 1.0, work.nbytes, self.hash(text),
+                                                self._timeout, text)
+        else:
+            agreed = self._execute(self.plan(work.size), raw(work), self.options(text, dtype, op))
+        if not agreed:
             self.report_mismatch(text)
         if problem:
             raise DDLError(f"rank {self.rank}: {problem}")

@@ -32,7 +32,7 @@ from ..schedule.compile import CompiledPipeline, compile_blocks, native_program
 from ..topology import discover
 from ..topology.switches import switch_levels
 from ..topology import tree as hierarchical
-from . import devices, flight, rollcall, timeline
+from . import devices, flight, host, rollcall, timeline
 from .asynchronous import Handle, Worker
 from .agreement import CAPACITY, Agreement, hash64
 from .diagnostics import CallTimer, check_against_mpi
@@ -65,6 +65,7 @@ class _Signature:
     fused: bool                  # the payload rides in the agreement round
     factor: float                # 1/size for avg
     options: object              # _native.RunOptions of the fused run (None otherwise)
+    hash: int                    # the call's hash (the host memory level checks it in every step)
 
 
 class Communicator:
@@ -117,6 +118,12 @@ class Communicator:
         settings = (f"algo={o.algo} segment={o.segment} inflight={o.inflight} small={self._small} "
                     f"tree={hash64(shape) & 0xffffffff:08x}")
         self._agreement = Agreement(rank, size, settings, self._plans, self.execute, o.timeout)
+        # Ranks that share one host collect through memory (ddl.core.host); agreed by all ranks, or none use it.
+        self._host = None
+        if mpi_comm is not None and size > 1:
+            wanted = host.eligible(size, self.hosts, o) and hierarchy is None and topology is None \
+                and self._forced is None and len(self.levels) == 1
+            self._host = self._agreement.host = host.HostLevel.create(mpi_comm, wanted)
         self._origin = 0
         if self._recorder is not None:  # one time origin for every rank's track: right after a barrier (hosts'
             if mpi_comm is not None:    # clocks differ; loopback ranks are threads sharing one clock)
@@ -190,6 +197,9 @@ class Communicator:
         if self._devices is not None:
             self._devices.close()
             self._devices = None
+        if self._host is not None:
+            self._host.close()
+            self._host = self._agreement.host = None
         self._executor = _Closed()
         if self._mpi is not None:
             if broken:
@@ -372,7 +382,7 @@ class Communicator:
             factor = 1.0 / self.size if op == "avg" else 1.0
             plan = self._agreement.plan(count if fused else 0) if self.size > 1 else None
             options = self._agreement.options(text, code, rop, factor=factor) if fused else None
-            sig = _Signature(text, code, rop, problem, plan, fused, factor, options)
+            sig = _Signature(text, code, rop, problem, plan, fused, factor, options, self._agreement.hash(text))
             if len(self._signatures) > _SIGNATURE_CACHE:
                 self._signatures.clear()
             self._signatures[key] = sig
@@ -393,6 +403,8 @@ class Communicator:
                 problem = _out_problem(out, a)
             if self.size == 1:
                 result = self._alone_into(a, problem, out)
+            elif problem is None and self._host is not None and self.options.check is None:
+                result = self._host_allreduce(a, out, sig)
             elif problem is None and sig.fused and self.options.check is None:
                 result = self._small_allreduce(a, out, sig)
             else:
@@ -412,6 +424,31 @@ class Communicator:
             if not self.execute(sig.plan, raw(src), sig.options, raw(dst)):
                 self._agreement.report_mismatch(sig.text)
         return _deliver(dst, out, direct)
+
+    def _host_allreduce(self, a: np.ndarray, out, sig: _Signature) -> np.ndarray:
+        """The whole call on the host memory level: one native call, the call's hash checked in its steps."""
+        src = a if a.flags.c_contiguous and (out is None or out is a or not np.may_share_memory(a, out)) \
+            else np.ascontiguousarray(a).copy()
+        direct = out is not None and out.flags.c_contiguous
+        dst = out if direct else np.empty(a.shape, a.dtype)
+        with self.lock:
+            self._on_host(self._host.native.allreduce, raw(src), raw(dst), sig.dtype, sig.op, sig.factor,
+                          host.ONE_PHASE_BYTES, sig.hash, self.options.timeout, sig.text, text=sig.text)
+        return _deliver(dst, out, direct)
+
+    def _on_host(self, collective, *args, text: str):
+        """Runs one of the host memory level's collectives (the caller holds ``lock``); a mismatch raises the
+        same MismatchError on every rank, a failure is named as the executor's are."""
+        try:
+            agreed = collective(*args)
+        except RankFailure as e:
+            self.failure = e
+            raise
+        except TransportError as e:
+            raise (self._name_absent(e, text) if _is_deadline(e) else e) from None
+        if agreed is False or (isinstance(agreed, tuple) and not agreed[0]):
+            self._agreement.report_mismatch(text)
+        return agreed
 
     def _large_allreduce(self, a: np.ndarray, out, op: str, sig: _Signature, problem: str | None) -> np.ndarray:
         """Agreement round without payload, then the pipelined plan on the result buffer."""
@@ -484,8 +521,9 @@ class Communicator:
 
     # -- broadcast, allgather, barrier -------------------------------------------------------------------
 
-    def broadcast(self, array, root: int = 0) -> np.ndarray:
-        """A copy of root's array on every rank (any fixed-size dtype; every rank passes the same shape)."""
+    def broadcast(self, array, root: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+        """A copy of root's array on every rank (any fixed-size dtype; every rank passes the same shape), or
+        written to ``out`` (its shape and dtype; it may be ``array`` itself)."""
         if devices.is_device_array(array):
             return self._device().broadcast(array, root)
         self._after_submitted()
@@ -493,11 +531,21 @@ class Communicator:
         problem = _unmovable(a, "broadcast")
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
             problem = f"broadcast root {root!r} is not a rank of this communicator (0..{self.size - 1})"
+        if out is not None and problem is None:
+            problem = _out_problem(out, a)
         if self.size == 1:
-            return self._alone(a, problem)
+            return self._alone_into(a, problem, out)
         call = f"broadcast(shape={a.shape}, dtype={a.dtype}, root={root})"
-        result = np.array(a, order="C")
+        direct = out is not None and out.flags.c_contiguous
+        result = out if direct else np.empty(a.shape, a.dtype)
+        if self.rank == root and result is not a:  # only root's data travels: the others just receive
+            np.copyto(result, a.copy() if np.may_share_memory(result, a) else a)
         data = result.reshape(-1).view(np.uint8)
+        if self._host is not None and problem is None:
+            with self.lock:
+                self._on_host(self._host.native.broadcast, data, root, self._agreement.hash(call),
+                              self.options.timeout, call, text=call)
+            return _deliver(result, out, direct)
         with self.lock:
             self._agreement.agree(call, problem)
             block = self.options.segment or default_block_bytes(data.size)
@@ -505,12 +553,14 @@ class Communicator:
                 lambda n: binomial_broadcast(self.rank, self.size, n, root), data.size, block,
                 self.options.inflight or 2, "binomial"))
             self.execute(plan, data, _native.RunOptions(_BYTE, _SUM, self.options.timeout, call))
-        return result
+        return _deliver(result, out, direct)
 
     bcast = broadcast
 
-    def allgather(self, array) -> np.ndarray:
-        """Every rank's array concatenated along the first axis, in rank order (first dims may differ)."""
+    def allgather(self, array, out: np.ndarray | None = None) -> np.ndarray:
+        """Every rank's array concatenated along the first axis, in rank order (first dims may differ). With
+        ``out`` (C-contiguous, of the gathered shape and the dtype) the result is written there; in place when
+        this rank's rows of ``out`` are ``array`` itself."""
         if devices.is_device_array(array):
             return self._device().allgather(array)
         self._after_submitted()
@@ -518,9 +568,14 @@ class Communicator:
         problem = _unmovable(a, "allgather")
         if a.ndim == 0:
             problem = "allgather needs at least one dimension (it concatenates along the first)"
+        if out is not None and problem is None:
+            problem = _gathered_out_problem(out, a, self.size)
         if self.size == 1:
-            return self._alone(a, problem)
+            return self._alone_into(a, problem, out)
         call = f"allgather(shape=(*, {', '.join(map(str, a.shape[1:]))}), dtype={a.dtype})"
+        row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+        if self._host is not None and problem is None and row_bytes > 0:
+            return self._host_allgather(a, out, call, row_bytes)
         rows = np.zeros(self.size, dtype=np.int64)
         rows[self.rank] = a.shape[0] if a.ndim else 0
         with self.lock:
@@ -529,7 +584,6 @@ class Communicator:
             else:
                 self._agreement.agree(call, problem)
                 self._run_allreduce(rows, _native.DType.int64, _SUM, call)
-            row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
             ends = np.cumsum(rows) * row_bytes
             layout = tuple((int(e - n * row_bytes), int(n * row_bytes)) for e, n in zip(ends, rows))
             result = np.empty((int(rows.sum()),) + a.shape[1:], dtype=a.dtype)
@@ -540,7 +594,78 @@ class Communicator:
                 _native.Pipeline([native_program(ring_allgather(self.rank, self.size, layout))],
                                  np.zeros((1, 2), np.int64), 1), "ring", data.size, data.size, 1, 1))
             self.execute(plan, data, _native.RunOptions(_BYTE, _SUM, self.options.timeout, call))
+        if out is not None:  # the rows were uneven, or out was not the shape of equal rows
+            if result.shape != out.shape:
+                raise DDLError(f"rank {self.rank}: out has shape {out.shape}; the gathered rows are {result.shape}")
+            np.copyto(out, result)
+            return out
         return result
+
+    def _host_allgather(self, a: np.ndarray, out, call: str, row_bytes: int) -> np.ndarray:
+        """allgather on the host memory level: one step learns every rank's length and, when all are equal
+        (the usual case), already carries the first piece; uneven rows take a second call with their layout."""
+        src = np.ascontiguousarray(a)
+        gathered = (a.shape[0] * self.size,) + a.shape[1:]
+        direct = out is not None and out.flags.c_contiguous and out.shape == gathered
+        result = out if direct else np.empty(gathered, a.dtype)
+        if direct and np.may_share_memory(result, src) and not _is_rows_of(src, result, self.rank):
+            src = src.copy()
+        native, h, timeout = self._host.native, self._agreement.hash(call), self.options.timeout
+        with self.lock:
+            _, equal, lengths = self._on_host(native.allgather_equal, src.reshape(-1).view(np.uint8),
+                                              result.reshape(-1).view(np.uint8), h, timeout, call, text=call)
+            if not equal:
+                rows = [n // row_bytes for n in lengths]
+                result = np.empty((sum(rows),) + a.shape[1:], a.dtype)
+                offsets = np.cumsum([0] + lengths[:-1]).tolist()
+                self._on_host(native.allgather, src.reshape(-1).view(np.uint8), result.reshape(-1).view(np.uint8),
+                              offsets, lengths, h, timeout, call, text=call)
+        if out is not None and not direct:
+            if result.shape != out.shape:
+                raise DDLError(f"rank {self.rank}: out has shape {out.shape}; the gathered rows are {result.shape}")
+            np.copyto(out, result)
+            return out
+        return result
+
+    def reduce_scatter(self, array, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
+        """The reduction of every rank's ``array`` (same shape everywhere), scattered along the first axis:
+        rank r gets the r-th of ``size`` parts as numpy.array_split makes them (the first ``len % size`` parts
+        one row longer). Ops as allreduce's. With ``out`` (this rank's part's shape) the result lands there."""
+        if devices.is_device_array(array):
+            raise DDLError(f"rank {self.rank}: reduce_scatter takes host arrays (GPU arrays: allreduce)")
+        self._after_submitted()
+        a = np.asarray(array)
+        text = f"reduce_scatter(shape={a.shape}, dtype={a.dtype}, op={op})"
+        problem = "reduce_scatter needs at least one dimension (it splits along the first)" if a.ndim == 0 else None
+        code = rop = None
+        try:
+            code, rop = native_dtype(a.dtype), native_op(op, a.dtype)
+        except DDLError as e:
+            problem = problem or str(e)
+        parts = np.array_split(np.arange(a.shape[0] if a.ndim else 0), self.size)
+        rows = [len(p) for p in parts]
+        row = int(np.prod(a.shape[1:], dtype=np.int64)) if a.ndim else 0
+        mine = (rows[self.rank],) + a.shape[1:]
+        if out is not None and problem is None:
+            problem = _out_problem(out, np.empty(mine, a.dtype))
+        if problem or self.size == 1 or self._host is None:
+            with self.lock:
+                self.agree(text, problem)  # raises everywhere on a bad call; one rank: nothing to agree
+            # Off the host level: ddl's allreduce, then this rank's rows (a planned reduce-scatter per level
+            # would carry a size-th of it over the slower levels: not done yet).
+            whole = self.allreduce(a, op)
+            start = sum(rows[:self.rank])
+            return _deliver(np.ascontiguousarray(whole[start:start + rows[self.rank]]), out, False)
+        src = np.ascontiguousarray(a)
+        direct = out is not None and out.flags.c_contiguous and not np.may_share_memory(out, src)
+        dst = out if direct else np.empty(mine, a.dtype)
+        starts = (np.cumsum([0] + rows[:-1]) * row).tolist()
+        counts = [n * row for n in rows]
+        factor = 1.0 / self.size if op == "avg" else 1.0
+        with self.lock:
+            self._on_host(self._host.native.reduce_scatter, raw(src), raw(dst), starts, counts, code, rop, factor,
+                          self._agreement.hash(text), self.options.timeout, text, text=text)
+        return _deliver(dst, out, direct)
 
     def broadcast_bytes(self, data: bytes | None, root: int = 0) -> bytes:
         """Root's bytes on every rank, whatever their length (it travels first); ``data`` is read on root only.
@@ -562,7 +687,11 @@ class Communicator:
         self._after_submitted()
         if self.size > 1:
             with self.lock:
-                self._agreement.agree("barrier()", None)
+                if self._host is not None:
+                    self._on_host(self._host.native.barrier, self._agreement.hash("barrier()"), self.options.timeout,
+                                  "barrier()", text="barrier()")
+                else:
+                    self._agreement.agree("barrier()", None)
 
     def _alone_into(self, a: np.ndarray, problem: str | None, out) -> np.ndarray:
         """allreduce on one rank: the input itself, as a copy or into ``out``."""
@@ -606,6 +735,22 @@ def _out_problem(out, a: np.ndarray) -> str | None:
     if out.shape != a.shape or out.dtype != a.dtype:
         return f"out has shape {out.shape} and dtype {out.dtype}; the input has {a.shape}, {a.dtype}"
     return None
+
+
+def _gathered_out_problem(out, a: np.ndarray, size: int) -> str | None:
+    if not isinstance(out, np.ndarray):
+        return f"out must be a numpy array, not {type(out).__name__}"
+    if not out.flags.writeable:
+        return "out is read-only"
+    if out.dtype != a.dtype or out.shape[1:] != a.shape[1:]:
+        return f"out has shape {out.shape} and dtype {out.dtype}; the gathered rows are (*, {a.shape[1:]}), {a.dtype}"
+    return None
+
+
+def _is_rows_of(src: np.ndarray, result: np.ndarray, rank: int) -> bool:
+    """Whether ``src`` is exactly rank ``rank``'s rows of ``result`` (an in-place allgather)."""
+    part = result.reshape(-1).view(np.uint8)[rank * src.nbytes:(rank + 1) * src.nbytes]
+    return src.nbytes == 0 or part.__array_interface__["data"][0] == src.__array_interface__["data"][0]
 
 
 def _work_buffer(a: np.ndarray, out: np.ndarray | None) -> tuple[np.ndarray, bool]:

@@ -1,0 +1,101 @@
+// The host level: ranks of one host run their collectives through one shared-memory segment they all map,
+// reading each other's data directly. No message moves on this path; ranks synchronise through counters in
+// the segment, each written by one rank only (single writer, release store; readers acquire).
+//
+// Every collective is a sequence of *steps*, numbered alike on every rank of the communicator (one counter
+// for all collective kinds). In step s each rank copies its part into its own slot of parity s % 2, then
+// publishes {s, hash of its call, a value} in its arrival line of that parity, waits for every rank's arrival
+// at s, and checks that all hashes equal its own: ranks that called differently all see the same hashes and
+// all return "mismatch" at the same step, with no round of their own. Two parities let a rank fill step s+1
+// while others still read step s; a rank reuses a parity only after every rank said it is done with it.
+//
+// Waits spin briefly, then yield (ranks may outnumber cores), read the clock now and then (the deadline) and
+// look at the awaited rank's process (a dead writer is named within a fraction of a second, not at the
+// deadline). After a failure the segment's counters are out of step: the group refuses every later call.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ddl/reduce.hpp"
+
+namespace ddl {
+
+struct HostCall {
+  int64_t hash = 0;         // the call's signature: equal on every rank that made the same call
+  double timeout_s = 300.0; // fail after waiting this long on one rank
+  std::string label = "collective";
+};
+
+class HostMemory {
+ public:
+  // Maps the segment `name` (POSIX shared memory). The creator (one rank) makes and sizes it before the others
+  // open it; nobody unlinks here (the caller unlinks as soon as every rank has mapped it, so a killed job leaves
+  // nothing behind). pids: each member's process, for the liveness check; ranks: each member's rank in the
+  // communicator, for messages.
+  HostMemory(const std::string& name, bool create, int rank, int size, size_t slot_bytes, std::vector<int> pids,
+             std::vector<int> ranks);
+  ~HostMemory();
+  HostMemory(const HostMemory&) = delete;
+  HostMemory& operator=(const HostMemory&) = delete;
+  static void unlink(const std::string& name);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  size_t slot_bytes() const { return slot_; }
+  bool broken() const { return !broken_.empty(); }
+
+  // Each returns false when ranks called differently (nothing was written to the output then).
+  // allreduce: dst = op over ranks of src (count elements; dst may be src), scaled by factor. Up to
+  // `one_phase_bytes` every rank reduces the whole vector itself (one wait); above, each rank reduces its
+  // slice and then copies every slice (two waits, a third of the reading).
+  bool allreduce(const void* src, void* dst, int64_t count, DType t, ReduceOp op, double factor,
+                 size_t one_phase_bytes, HostCall& call);
+  // broadcast: root's buf into every rank's buf.
+  bool broadcast(void* buf, size_t nbytes, int root, HostCall& call);
+  // allgather with a known layout: rank r's src (lengths[r] bytes) lands at dst + offsets[r] everywhere.
+  bool allgather(const void* src, void* dst, const std::vector<int64_t>& offsets,
+                 const std::vector<int64_t>& lengths, HostCall& call);
+  // allgather of equal parts, if they are: every rank's nbytes is published first; when all are equal, rank r's
+  // src lands at dst + r * nbytes and true is returned in *equal. Otherwise *equal is false, lengths holds every
+  // rank's length (the caller allocates and calls allgather with that layout) and dst is untouched.
+  bool allgather_equal(const void* src, void* dst, size_t nbytes, std::vector<int64_t>& lengths, bool* equal,
+                       HostCall& call);
+  // reduce_scatter: rank r gets elements [starts[r], starts[r] + counts[r]) of the reduction, into dst.
+  bool reduce_scatter(const void* src, void* dst, const std::vector<int64_t>& starts,
+                      const std::vector<int64_t>& counts, DType t, ReduceOp op, double factor, HostCall& call);
+  bool barrier(HostCall& call);
+
+ private:
+  struct alignas(128) Line {
+    std::atomic<uint64_t> seq;
+    int64_t hash;
+    int64_t value;
+  };
+  Line& arrival(int r, uint64_t s) const { return arrive_[2 * r + (s & 1)]; }
+  char* slot(int r, uint64_t s) const { return slots_ + (2 * static_cast<size_t>(r) + (s & 1)) * slot_; }
+
+  uint64_t open_step(HostCall& call);                    // waits until this rank's slot of the parity is free
+  bool arrive(uint64_t s, int64_t value, HostCall& call);  // publishes, waits for all; false: hashes differ
+  void publish(std::atomic<uint64_t>& line, uint64_t s) { line.store(s, std::memory_order_release); }
+  void close_step(uint64_t s) { publish(done_[rank_].seq, s); }
+  void wait_for(int r, const std::atomic<uint64_t>& line, uint64_t s, const char* what, HostCall& call);
+  void check_usable() const;
+  [[noreturn]] void fail(const std::string& what, int peer, bool died);
+
+  std::string name_;
+  int rank_, size_;
+  size_t slot_, bytes_ = 0;
+  std::vector<int> pids_, ranks_;
+  void* base_ = nullptr;
+  Line* arrive_ = nullptr;   // [size][2]
+  Line* reduced_ = nullptr;  // [size]: the slice of step `seq` is reduced in place, in this rank's slot
+  Line* done_ = nullptr;     // [size]: finished reading everything of step `seq`
+  char* slots_ = nullptr;    // [size][2][slot_]
+  uint64_t step_ = 0;
+  int spins_ = 1;
+  std::string broken_;
+};
+
+}  // namespace ddl

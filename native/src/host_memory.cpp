@@ -1,0 +1,342 @@
+#include "ddl/host_memory.hpp"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+#include "ddl/transport.hpp"
+
+namespace ddl {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x64646c2d686f7374ull;  // "ddl-host"
+constexpr size_t kPage = 4096;
+constexpr size_t kLine = 128;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// A process that has exited (or is a zombie its parent has not reaped yet) cannot write any more.
+bool process_alive(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return false;
+  const size_t paren = text.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= text.size()) return true;
+  const char state = text[paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+int cpus_available() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+// Rank r's share of n elements split in units of `unit` (whole cache lines where the type allows).
+void share(int64_t n, int64_t unit, int parts, int r, int64_t* lo, int64_t* hi) {
+  const int64_t units = (n + unit - 1) / unit;
+  *lo = std::min(n, units * r / parts * unit);
+  *hi = std::min(n, units * (r + 1) / parts * unit);
+}
+
+}  // namespace
+
+HostMemory::HostMemory(const std::string& name, bool create, int rank, int size, size_t slot_bytes,
+                       std::vector<int> pids, std::vector<int> ranks)
+    : name_(name), rank_(rank), size_(size), slot_(round_up(std::max<size_t>(slot_bytes, kPage), kPage)),
+      pids_(std::move(pids)), ranks_(std::move(ranks)) {
+  if (size < 1 || rank < 0 || rank >= size || pids_.size() != static_cast<size_t>(size) ||
+      ranks_.size() != static_cast<size_t>(size))
+    throw std::invalid_argument("host memory: rank, size, pids and ranks do not fit together");
+  const size_t lines = 1 + 2 * static_cast<size_t>(size) + 2 * static_cast<size_t>(size);
+  const size_t control = round_up(lines * kLine, kPage);
+  bytes_ = control + 2 * static_cast<size_t>(size) * slot_;
+  const int fd = shm_open(name.c_str(), create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
+  if (fd < 0) throw std::runtime_error("host memory: shm_open(" + name + ") failed: " + std::strerror(errno));
+  if (create) {
+    // Reserve every page now: a segment that tmpfs cannot back fails here, not with SIGBUS mid-collective.
+    const int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes_));
+    if (rc != 0) {
+      close(fd);
+      shm_unlink(name.c_str());
+      throw std::runtime_error("host memory: cannot reserve " + std::to_string(bytes_) + " bytes in /dev/shm: " +
+                               std::strerror(rc));
+    }
+  } else {
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes_) {
+      close(fd);
+      throw std::runtime_error("host memory: segment " + name + " has another size than this rank expects");
+    }
+  }
+  base_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base_ == MAP_FAILED) {
+    base_ = nullptr;
+    throw std::runtime_error("host memory: mmap of " + name + " failed: " + std::strerror(errno));
+  }
+  auto* line = static_cast<Line*>(base_);
+  if (create) {  // fresh tmpfs pages are zero: every counter starts at step 0
+    line[0].hash = static_cast<int64_t>(kMagic);
+    line[0].value = static_cast<int64_t>(size) << 32 | static_cast<int64_t>(slot_ / kPage);
+  } else if (line[0].hash != static_cast<int64_t>(kMagic) ||
+             line[0].value != (static_cast<int64_t>(size) << 32 | static_cast<int64_t>(slot_ / kPage))) {
+    munmap(base_, bytes_);
+    base_ = nullptr;
+    throw std::runtime_error("host memory: segment " + name + " was made for another group");
+  }
+  arrive_ = line + 1;
+  reduced_ = arrive_ + 2 * size;
+  done_ = reduced_ + size;
+  slots_ = static_cast<char*>(base_) + control;
+  // Where ranks outnumber cores, the rank being waited for may need this core: yield almost at once.
+  spins_ = size > cpus_available() ? 32 : 4096;
+}
+
+HostMemory::~HostMemory() {
+  if (base_) munmap(base_, bytes_);
+}
+
+void HostMemory::unlink(const std::string& name) { shm_unlink(name.c_str()); }
+
+void HostMemory::check_usable() const {
+  if (!broken_.empty())
+    throw TransportError("this communicator's host memory level is unusable after an earlier failure (" + broken_ +
+                         "); call ddl.finalize() and ddl.init() to recreate it");
+}
+
+void HostMemory::fail(const std::string& what, int peer, bool died) {
+  broken_ = what;
+  if (died) throw RankFailure(what, {ranks_[static_cast<size_t>(peer)]});
+  throw TransportError(what);
+}
+
+void HostMemory::wait_for(int r, const std::atomic<uint64_t>& line, uint64_t s, const char* what, HostCall& call) {
+  if (line.load(std::memory_order_acquire) >= s) return;
+  const auto start = Clock::now();
+  const auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(call.timeout_s));
+  auto next_look = start + std::chrono::milliseconds(100);
+  for (unsigned round = 1;; ++round) {
+    for (int i = 0; i < spins_; ++i) {
+      if (line.load(std::memory_order_acquire) >= s) return;
+      cpu_relax();
+    }
+    sched_yield();
+    if (round % 64) continue;
+    const auto now = Clock::now();
+    const int peer = ranks_[static_cast<size_t>(r)];
+    if (now >= next_look) {
+      next_look = now + std::chrono::milliseconds(100);
+      if (!process_alive(pids_[static_cast<size_t>(r)]) && line.load(std::memory_order_acquire) < s)
+        fail("rank " + std::to_string(ranks_[static_cast<size_t>(rank_)]) + ": rank " + std::to_string(peer) +
+                 " (pid " + std::to_string(pids_[static_cast<size_t>(r)]) + ") ended during " + call.label +
+                 " (host memory level, waiting for its " + what + ")",
+             r, true);
+    }
+    if (now - start > limit) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%g", call.timeout_s);
+      fail("rank " + std::to_string(ranks_[static_cast<size_t>(rank_)]) + ": " + call.label +
+               " made no progress for " + seconds + " s (DDL_TIMEOUT); waiting on rank " + std::to_string(peer) +
+               " on the host memory level (its " + what + " of step " + std::to_string(s) +
+               "). The peer may be stuck elsewhere, or ranks called different collectives.",
+           r, false);
+    }
+  }
+}
+
+uint64_t HostMemory::open_step(HostCall& call) {
+  check_usable();
+  const uint64_t s = ++step_;
+  if (s > 2)
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) wait_for(r, done_[r].seq, s - 2, "release of a slot", call);
+  return s;
+}
+
+bool HostMemory::arrive(uint64_t s, int64_t value, HostCall& call) {
+  Line& mine = arrival(rank_, s);
+  mine.hash = call.hash;
+  mine.value = value;
+  publish(mine.seq, s);
+  bool same = true;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const Line& theirs = arrival(r, s);
+    wait_for(r, theirs.seq, s, "arrival", call);
+    same &= theirs.hash == call.hash;
+  }
+  if (!same) close_step(s);
+  return same;
+}
+
+bool HostMemory::allreduce(const void* src, void* dst, int64_t count, DType t, ReduceOp op, double factor,
+                           size_t one_phase_bytes, HostCall& call) {
+  const size_t es = dtype_size(t);
+  const auto* in = static_cast<const char*>(src);
+  auto* out = static_cast<char*>(dst);
+  const size_t total = static_cast<size_t>(count) * es;
+  if (total <= std::min(one_phase_bytes, slot_)) {  // every rank reduces all of it, in rank order: one wait
+    const uint64_t s = open_step(call);
+    std::memcpy(slot(rank_, s), in, total);
+    if (!arrive(s, 0, call)) return false;
+    std::memcpy(out, slot(0, s), total);
+    for (int r = 1; r < size_; ++r) reduce_into(out, slot(r, s), count, t, op);
+    close_step(s);
+  } else {  // each rank reduces its slice in its own slot, then everyone copies every slice out
+    const int64_t unit = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
+    const int64_t per_step = static_cast<int64_t>(slot_ / es) / unit * unit;
+    for (int64_t off = 0; off < count; off += per_step) {
+      const int64_t c = std::min(per_step, count - off);
+      const uint64_t s = open_step(call);
+      std::memcpy(slot(rank_, s), in + off * es, static_cast<size_t>(c) * es);
+      if (!arrive(s, 0, call)) return false;
+      int64_t lo, hi;
+      share(c, unit, size_, rank_, &lo, &hi);
+      char* mine = slot(rank_, s) + lo * es;
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_ && hi > lo) reduce_into(mine, slot(r, s) + lo * es, hi - lo, t, op);
+      publish(reduced_[rank_].seq, s);
+      for (int k = 0; k < size_; ++k) {
+        const int r = (rank_ + k) % size_;  // start with our own slice: the others may still be reducing
+        share(c, unit, size_, r, &lo, &hi);
+        if (hi <= lo) continue;
+        if (r != rank_) wait_for(r, reduced_[r].seq, s, "reduced slice", call);
+        std::memcpy(out + (off + lo) * es, slot(r, s) + lo * es, static_cast<size_t>(hi - lo) * es);
+      }
+      close_step(s);
+    }
+    if (count == 0) {  // nothing to move: the step still checks the call
+      const uint64_t s = open_step(call);
+      if (!arrive(s, 0, call)) return false;
+      close_step(s);
+    }
+  }
+  if (factor != 1.0) scale(out, count, t, factor);
+  return true;
+}
+
+bool HostMemory::broadcast(void* buf, size_t nbytes, int root, HostCall& call) {
+  auto* data = static_cast<char*>(buf);
+  for (size_t off = 0; off < nbytes || off == 0; off += slot_) {
+    const size_t c = std::min(slot_, nbytes - off);
+    const uint64_t s = open_step(call);
+    if (rank_ == root) std::memcpy(slot(root, s), data + off, c);
+    if (!arrive(s, 0, call)) return false;
+    if (rank_ != root) std::memcpy(data + off, slot(root, s), c);
+    close_step(s);
+    if (nbytes == 0) break;
+  }
+  return true;
+}
+
+bool HostMemory::allgather(const void* src, void* dst, const std::vector<int64_t>& offsets,
+                           const std::vector<int64_t>& lengths, HostCall& call) {
+  if (offsets.size() != static_cast<size_t>(size_) || lengths.size() != offsets.size())
+    throw std::invalid_argument("allgather: one offset and one length per rank");
+  const auto* in = static_cast<const char*>(src);
+  auto* out = static_cast<char*>(dst);
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  const auto piece = [&](int r, int64_t lo) { return std::clamp<int64_t>(lengths[r] - lo, 0, static_cast<int64_t>(slot_)); };
+  for (int64_t lo = 0; lo < longest || lo == 0; lo += static_cast<int64_t>(slot_)) {
+    const uint64_t s = open_step(call);
+    std::memcpy(slot(rank_, s), in + lo, static_cast<size_t>(piece(rank_, lo)));
+    if (!arrive(s, 0, call)) return false;
+    for (int r = 0; r < size_; ++r) {
+      char* to = out + offsets[r] + lo;
+      const char* from = r == rank_ ? in + lo : slot(r, s);
+      if (to != from) std::memcpy(to, from, static_cast<size_t>(piece(r, lo)));
+    }
+    close_step(s);
+    if (longest == 0) break;
+  }
+  return true;
+}
+
+bool HostMemory::allgather_equal(const void* src, void* dst, size_t nbytes, std::vector<int64_t>& lengths,
+                                 bool* equal, HostCall& call) {
+  // The first step carries every rank's length with its first piece; with equal lengths it is the first step
+  // of the gather itself, and the rest follows as allgather's.
+  const auto* in = static_cast<const char*>(src);
+  auto* out = static_cast<char*>(dst);
+  const size_t first = std::min(nbytes, slot_);
+  const uint64_t s = open_step(call);
+  std::memcpy(slot(rank_, s), in, first);
+  if (!arrive(s, static_cast<int64_t>(nbytes), call)) return false;
+  lengths.assign(static_cast<size_t>(size_), 0);
+  *equal = true;
+  for (int r = 0; r < size_; ++r) {
+    lengths[r] = r == rank_ ? static_cast<int64_t>(nbytes) : arrival(r, s).value;
+    *equal &= lengths[r] == static_cast<int64_t>(nbytes);
+  }
+  if (*equal)
+    for (int r = 0; r < size_; ++r) {
+      char* to = out + static_cast<size_t>(r) * nbytes;
+      const char* from = r == rank_ ? in : slot(r, s);
+      if (to != from) std::memcpy(to, from, first);
+    }
+  close_step(s);
+  if (!*equal || nbytes <= slot_) return true;
+  std::vector<int64_t> offsets(static_cast<size_t>(size_)), rest(static_cast<size_t>(size_), 0);
+  for (int r = 0; r < size_; ++r) offsets[r] = static_cast<int64_t>(static_cast<size_t>(r) * nbytes + first);
+  for (auto& n : rest) n = static_cast<int64_t>(nbytes - first);
+  return allgather(in + first, out, offsets, rest, call);
+}
+
+bool HostMemory::reduce_scatter(const void* src, void* dst, const std::vector<int64_t>& starts,
+                                const std::vector<int64_t>& counts, DType t, ReduceOp op, double factor,
+                                HostCall& call) {
+  if (starts.size() != static_cast<size_t>(size_) || counts.size() != starts.size())
+    throw std::invalid_argument("reduce_scatter: one start and one count per rank");
+  const size_t es = dtype_size(t);
+  const auto* in = static_cast<const char*>(src);
+  auto* out = static_cast<char*>(dst);
+  int64_t total = 0;
+  for (int r = 0; r < size_; ++r) total = std::max(total, starts[r] + counts[r]);
+  const int64_t per_step = static_cast<int64_t>(slot_ / es);
+  const int64_t lo = starts[rank_], hi = starts[rank_] + counts[rank_];
+  for (int64_t off = 0; off < total || off == 0; off += per_step) {
+    const int64_t c = std::min(per_step, total - off);
+    const uint64_t s = open_step(call);
+    std::memcpy(slot(rank_, s), in + off * es, static_cast<size_t>(c) * es);
+    if (!arrive(s, 0, call)) return false;
+    const int64_t a = std::max(lo, off), b = std::min(hi, off + c);
+    if (b > a) {  // our part of this step, reduced in rank order from every slot
+      char* to = out + (a - lo) * es;
+      std::memcpy(to, slot(0, s) + (a - off) * es, static_cast<size_t>(b - a) * es);
+      for (int r = 1; r < size_; ++r) reduce_into(to, slot(r, s) + (a - off) * es, b - a, t, op);
+    }
+    close_step(s);
+    if (total == 0) break;
+  }
+  if (factor != 1.0) scale(out, counts[rank_], t, factor);
+  return true;
+}
+
+bool HostMemory::barrier(HostCall& call) {
+  const uint64_t s = open_step(call);
+  if (!arrive(s, 0, call)) return false;
+  close_step(s);
+  return true;
+}
+
+}  // namespace ddl
