@@ -157,8 +157,26 @@ HostCall host_call(int64_t hash, double timeout, std::string label) {
   return c;
 }
 
+// An allreduce call worked out once (Python keeps one per call signature): the short path passes two buffers
+// and this, not nine arguments converted on every call.
+struct HostAllreduce {
+  DType dtype;
+  ReduceOp op;
+  double factor;
+  size_t one_phase;
+  HostCall call;
+};
+
 void bind_host(py::module_& m) {
   using V = std::vector<int64_t>;
+  py::class_<HostCall>(m, "HostCall", "A host level call's hash, deadline and label, made once per signature.")
+      .def(py::init(&host_call), py::arg("hash"), py::arg("timeout"), py::arg("label"));
+  py::class_<HostAllreduce>(m, "HostAllreduce", "An allreduce's dtype, op, factor and phases, and its HostCall.")
+      .def(py::init([](DType t, ReduceOp op, double factor, size_t one_phase, int64_t hash, double timeout,
+                       std::string label) {
+             return HostAllreduce{t, op, factor, one_phase, host_call(hash, timeout, std::move(label))};
+           }), py::arg("dtype"), py::arg("op"), py::arg("factor"), py::arg("one_phase"), py::arg("hash"),
+           py::arg("timeout"), py::arg("label"));
   py::class_<HostMemory>(m, "HostMemory",
                          "The host level: the ranks of one host collect through one shared-memory segment.")
       .def(py::init<const std::string&, bool, int, int, size_t, std::vector<int>, std::vector<int>>(),
@@ -177,6 +195,20 @@ void bind_host(py::module_& m) {
         return h.allreduce(in, out, static_cast<int64_t>(n / dtype_size(t)), t, op, factor, one_phase, c);
       }, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"), py::arg("factor"), py::arg("one_phase"),
          py::arg("hash"), py::arg("timeout"), py::arg("label"))
+      .def("allreduce", [](HostMemory& h, const py::buffer& src, const py::buffer& dst, HostAllreduce& a) {
+        const size_t n = byte_size(src);
+        const void* in = contiguous_buffer(src, DType::uint8, 0, false);
+        void* out = writable_buffer(dst, DType::uint8, static_cast<int64_t>(n));
+        py::gil_scoped_release nogil;
+        return h.allreduce(in, out, static_cast<int64_t>(n / dtype_size(a.dtype)), a.dtype, a.op, a.factor,
+                           a.one_phase, a.call);
+      }, py::arg("src"), py::arg("dst"), py::arg("call"))
+      .def("broadcast", [](HostMemory& h, const py::buffer& buf, int root, HostCall& c) {
+        void* data = writable_buffer(buf, DType::uint8, 0);
+        const size_t n = byte_size(buf);
+        py::gil_scoped_release nogil;
+        return h.broadcast(data, n, root, c);
+      }, py::arg("buffer"), py::arg("root"), py::arg("call"))
       .def("broadcast", [](HostMemory& h, const py::buffer& buf, int root, int64_t hash, double timeout,
                            std::string label) {
         void* data = writable_buffer(buf, DType::uint8, 0);

@@ -30,6 +30,7 @@ from ..planner.sources import choose_tree
 from ..schedule.algorithms import binomial_broadcast, ring_allgather
 from ..schedule.compile import CompiledPipeline, compile_blocks, native_program
 from ..topology import discover
+from ..units import format_size
 from ..topology.switches import switch_levels
 from ..topology import tree as hierarchical
 from . import devices, flight, host, rollcall, timeline
@@ -66,6 +67,7 @@ class _Signature:
     factor: float                # 1/size for avg
     options: object              # _native.RunOptions of the fused run (None otherwise)
     hash: int                    # the call's hash (the host memory level checks it in every step)
+    host: object = None          # _native.HostAllreduce for the host memory level; None: not that path
 
 
 class Communicator:
@@ -97,6 +99,7 @@ class Communicator:
         self._small = min(o.small_bytes, CAPACITY)
         self._chosen: dict[int, Plan] = {}
         self._signatures: dict = {}
+        self._calls: dict = {}  # (collective, shape, dtype, ...) -> (the call as text, its hash)
         self._plans = PlanCache(rank, o.dbg_level >= 1)
         self._timer = CallTimer(o.dump_iter, rank, [lv.name for lv in self.levels]) if o.dump_iter else None
         # The executor's round spans: for -dump_iter's per-level times and the timeline (ddl.core.timeline)
@@ -124,6 +127,8 @@ class Communicator:
             wanted = host.eligible(size, self.hosts, o) and hierarchy is None and topology is None \
                 and self._forced is None and len(self.levels) == 1
             self._host = self._agreement.host = host.HostLevel.create(mpi_comm, wanted)
+        # the short path: no per-call timer, timeline or check to feed
+        self._fast = self._host is not None and not o.dump_iter and not o.timeline and o.check is None
         self._origin = 0
         if self._recorder is not None:  # one time origin for every rank's track: right after a barrier (hosts'
             if mpi_comm is not None:    # clocks differ; loopback ranks are threads sharing one clock)
@@ -200,6 +205,7 @@ class Communicator:
         if self._host is not None:
             self._host.close()
             self._host = self._agreement.host = None
+        self._fast = False
         self._executor = _Closed()
         if self._mpi is not None:
             if broken:
@@ -349,7 +355,20 @@ class Communicator:
     def explain(self, nbytes: int) -> Explanation:
         """What an allreduce of ``nbytes`` would do here: levels, groups, algorithms, bytes per link kind,
         predicted time against the topology's lower bound (the same as ``ddl-topo --plan``)."""
-        return explain(self.plan_for(nbytes), nbytes)
+        said = explain(self.plan_for(nbytes), nbytes)
+        if self._host is None:
+            return said
+        steps = -(-nbytes // self._host.native.slot_bytes)
+        how = ("one phase: every rank reduces every rank's data" if nbytes <= host.ONE_PHASE_BYTES else
+               f"reduce-scatter then allgather in {steps} step(s) of {format_size(self._host.native.slot_bytes)} "
+               f"per rank")
+        return replace(said, runs_on=f"runs on the host memory level instead (the {self.size} ranks share one "
+                                     f"host: one shared-memory segment, no messages): {how}")
+
+    @property
+    def host_level(self) -> bool:
+        """Whether this communicator's collectives run through host memory (ddl.core.host)."""
+        return self._host is not None
 
     # -- allreduce ----------------------------------------------------------------------------------------
 
@@ -382,13 +401,35 @@ class Communicator:
             factor = 1.0 / self.size if op == "avg" else 1.0
             plan = self._agreement.plan(count if fused else 0) if self.size > 1 else None
             options = self._agreement.options(text, code, rop, factor=factor) if fused else None
-            sig = _Signature(text, code, rop, problem, plan, fused, factor, options, self._agreement.hash(text))
+            h = self._agreement.hash(text)
+            on_host = self._host is not None and problem is None and dtype.name != "bfloat16"  # (bfloat16: raw())
+            sig = _Signature(text, code, rop, problem, plan, fused, factor, options, h,
+                             _native.HostAllreduce(code, rop, factor, host.ONE_PHASE_BYTES, h, self.options.timeout,
+                                                   text) if on_host else None)
             if len(self._signatures) > _SIGNATURE_CACHE:
                 self._signatures.clear()
             self._signatures[key] = sig
         return sig
 
     def allreduce(self, array, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
+        if self._fast and type(array) is np.ndarray:  # the host level's short path: a known call, plain arrays
+            sig = self._signatures.get((array.shape, array.dtype, op))
+            if sig is not None and sig.host is not None and array.flags.c_contiguous:
+                # (an out that overlaps the input is fine: the native call copies the input first where needed)
+                dst = np.empty(array.shape, array.dtype) if out is None else out if out is array or (
+                    type(out) is np.ndarray and out.shape == array.shape and out.dtype == array.dtype
+                    and _writable_contiguous(out.flags)) else None
+                if dst is not None:
+                    if self._worker is not None:
+                        self._worker.drain()
+                    with self.lock:
+                        try:
+                            agreed = self._host.native.allreduce(array, dst, sig.host)
+                        except DDLError as e:
+                            raise self._host_failure(e, sig.text) from None
+                        if not agreed:
+                            self._agreement.report_mismatch(sig.text)
+                    return dst
         if devices.is_device_array(array):
             return self._device().allreduce(array, op, out)
         self._after_submitted()
@@ -436,19 +477,37 @@ class Communicator:
                           host.ONE_PHASE_BYTES, sig.hash, self.options.timeout, sig.text, text=sig.text)
         return _deliver(dst, out, direct)
 
+    def _call(self, key: tuple, text) -> tuple:
+        """(the call as error messages say it, its hash, the host level's HostCall), worked out once per key:
+        formatting shapes and dtypes costs more than a small collective on the host level."""
+        known = self._calls.get(key)
+        if known is None:
+            if len(self._calls) > _SIGNATURE_CACHE:
+                self._calls.clear()
+            said = text()
+            h = self._agreement.hash(said)
+            known = self._calls[key] = (said, h, _native.HostCall(h, self.options.timeout, said))
+        return known
+
     def _on_host(self, collective, *args, text: str):
         """Runs one of the host memory level's collectives (the caller holds ``lock``); a mismatch raises the
         same MismatchError on every rank, a failure is named as the executor's are."""
         try:
             agreed = collective(*args)
-        except RankFailure as e:
-            self.failure = e
-            raise
-        except TransportError as e:
-            raise (self._name_absent(e, text) if _is_deadline(e) else e) from None
+        except DDLError as e:
+            raise self._host_failure(e, text) from None
         if agreed is False or (isinstance(agreed, tuple) and not agreed[0]):
             self._agreement.report_mismatch(text)
         return agreed
+
+    def _host_failure(self, e: DDLError, text: str) -> DDLError:
+        """The host level's error as the caller sees it: a dead rank kept for ddl.elastic, a deadline with the
+        ranks that never reached the call."""
+        if isinstance(e, RankFailure):
+            self.failure = e
+        elif _is_deadline(e):
+            return self._name_absent(e, text)
+        return e
 
     def _large_allreduce(self, a: np.ndarray, out, op: str, sig: _Signature, problem: str | None) -> np.ndarray:
         """Agreement round without payload, then the pipelined plan on the result buffer."""
@@ -524,6 +583,19 @@ class Communicator:
     def broadcast(self, array, root: int = 0, out: np.ndarray | None = None) -> np.ndarray:
         """A copy of root's array on every rank (any fixed-size dtype; every rank passes the same shape), or
         written to ``out`` (its shape and dtype; it may be ``array`` itself)."""
+        if self._fast and out is array and type(array) is np.ndarray and _writable_contiguous(array.flags):
+            known = self._calls.get(("broadcast", array.shape, array.dtype, root))  # the short path: in place
+            if known is not None:
+                if self._worker is not None:
+                    self._worker.drain()
+                with self.lock:
+                    try:
+                        agreed = self._host.native.broadcast(array, root, known[2])
+                    except DDLError as e:
+                        raise self._host_failure(e, known[0]) from None
+                    if not agreed:
+                        self._agreement.report_mismatch(known[0])
+                return array
         if devices.is_device_array(array):
             return self._device().broadcast(array, root)
         self._after_submitted()
@@ -535,17 +607,17 @@ class Communicator:
             problem = _out_problem(out, a)
         if self.size == 1:
             return self._alone_into(a, problem, out)
-        call = f"broadcast(shape={a.shape}, dtype={a.dtype}, root={root})"
+        call, h, _ = self._call(("broadcast", a.shape, a.dtype, root),
+                                lambda: f"broadcast(shape={a.shape}, dtype={a.dtype}, root={root})")
         direct = out is not None and out.flags.c_contiguous
         result = out if direct else np.empty(a.shape, a.dtype)
         if self.rank == root and result is not a:  # only root's data travels: the others just receive
             np.copyto(result, a.copy() if np.may_share_memory(result, a) else a)
-        data = result.reshape(-1).view(np.uint8)
         if self._host is not None and problem is None:
             with self.lock:
-                self._on_host(self._host.native.broadcast, data, root, self._agreement.hash(call),
-                              self.options.timeout, call, text=call)
+                self._on_host(self._host.native.broadcast, result, root, h, self.options.timeout, call, text=call)
             return _deliver(result, out, direct)
+        data = result.reshape(-1).view(np.uint8)
         with self.lock:
             self._agreement.agree(call, problem)
             block = self.options.segment or default_block_bytes(data.size)
@@ -572,10 +644,11 @@ class Communicator:
             problem = _gathered_out_problem(out, a, self.size)
         if self.size == 1:
             return self._alone_into(a, problem, out)
-        call = f"allgather(shape=(*, {', '.join(map(str, a.shape[1:]))}), dtype={a.dtype})"
+        call, h, _ = self._call(("allgather", a.shape[1:], a.dtype),
+                             lambda: f"allgather(shape=(*, {', '.join(map(str, a.shape[1:]))}), dtype={a.dtype})")
         row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
         if self._host is not None and problem is None and row_bytes > 0:
-            return self._host_allgather(a, out, call, row_bytes)
+            return self._host_allgather(a, out, call, h, row_bytes)
         rows = np.zeros(self.size, dtype=np.int64)
         rows[self.rank] = a.shape[0] if a.ndim else 0
         with self.lock:
@@ -601,7 +674,7 @@ class Communicator:
             return out
         return result
 
-    def _host_allgather(self, a: np.ndarray, out, call: str, row_bytes: int) -> np.ndarray:
+    def _host_allgather(self, a: np.ndarray, out, call: str, h: int, row_bytes: int) -> np.ndarray:
         """allgather on the host memory level: one step learns every rank's length and, when all are equal
         (the usual case), already carries the first piece; uneven rows take a second call with their layout."""
         src = np.ascontiguousarray(a)
@@ -610,13 +683,17 @@ class Communicator:
         result = out if direct else np.empty(gathered, a.dtype)
         if direct and np.may_share_memory(result, src) and not _is_rows_of(src, result, self.rank):
             src = src.copy()
-        native, h, timeout = self._host.native, self._agreement.hash(call), self.options.timeout
+        native, timeout = self._host.native, self.options.timeout
         with self.lock:
             _, equal, lengths = self._on_host(native.allgather_equal, src.reshape(-1).view(np.uint8),
                                               result.reshape(-1).view(np.uint8), h, timeout, call, text=call)
             if not equal:
                 rows = [n // row_bytes for n in lengths]
-                result = np.empty((sum(rows),) + a.shape[1:], a.dtype)
+                shape = (sum(rows),) + a.shape[1:]
+                direct = out is not None and out.flags.c_contiguous and out.shape == shape
+                result = out if direct else np.empty(shape, a.dtype)
+                if direct and np.may_share_memory(result, src):
+                    src = src.copy()
                 offsets = np.cumsum([0] + lengths[:-1]).tolist()
                 self._on_host(native.allgather, src.reshape(-1).view(np.uint8), result.reshape(-1).view(np.uint8),
                               offsets, lengths, h, timeout, call, text=call)
@@ -635,7 +712,8 @@ class Communicator:
             raise DDLError(f"rank {self.rank}: reduce_scatter takes host arrays (GPU arrays: allreduce)")
         self._after_submitted()
         a = np.asarray(array)
-        text = f"reduce_scatter(shape={a.shape}, dtype={a.dtype}, op={op})"
+        text, h, _ = self._call(("reduce_scatter", a.shape, a.dtype, op),
+                             lambda: f"reduce_scatter(shape={a.shape}, dtype={a.dtype}, op={op})")
         problem = "reduce_scatter needs at least one dimension (it splits along the first)" if a.ndim == 0 else None
         code = rop = None
         try:
@@ -664,7 +742,7 @@ class Communicator:
         factor = 1.0 / self.size if op == "avg" else 1.0
         with self.lock:
             self._on_host(self._host.native.reduce_scatter, raw(src), raw(dst), starts, counts, code, rop, factor,
-                          self._agreement.hash(text), self.options.timeout, text, text=text)
+                          h, self.options.timeout, text, text=text)
         return _deliver(dst, out, direct)
 
     def broadcast_bytes(self, data: bytes | None, root: int = 0) -> bytes:
@@ -735,6 +813,10 @@ def _out_problem(out, a: np.ndarray) -> str | None:
     if out.shape != a.shape or out.dtype != a.dtype:
         return f"out has shape {out.shape} and dtype {out.dtype}; the input has {a.shape}, {a.dtype}"
     return None
+
+
+def _writable_contiguous(flags) -> bool:
+    return flags.c_contiguous and flags.writeable
 
 
 def _gathered_out_problem(out, a: np.ndarray, size: int) -> str | None:

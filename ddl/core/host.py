@@ -25,9 +25,13 @@ _made = 0  # segments this process has asked for: part of the next one's name
 
 
 def eligible(size: int, hosts: list[str] | None, options) -> bool:
-    """Whether a communicator of ``size`` ranks on ``hosts`` (each rank's) gets the host level."""
+    """Whether a communicator of ``size`` ranks on ``hosts`` (each rank's) gets the host level. Not where a
+    flight recorder folder is set: the recorder keeps the executor's runs, and the host level's calls are not
+    among them yet (such a job runs over MPI messages, as before)."""
+    from . import flight
+
     return (size > 1 and options.shm != "0" and hosts is not None and len(set(hosts)) == 1
-            and options.algo == "auto" and options.mode is None and options.plan is None)
+            and options.algo == "auto" and options.mode is None and options.plan is None and not flight.folder())
 
 
 class HostLevel:

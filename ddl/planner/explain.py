@@ -20,6 +20,7 @@ class Explanation:
     bound_reason: str
     phases: tuple[Phase, ...]
     link_bytes: tuple[float, ...]  # per level: bytes one child sends over the level's links
+    runs_on: str = ""         # where the call really runs when not on this plan (the host memory level)
 
     @property
     def nranks(self) -> int:
@@ -42,7 +43,7 @@ class Explanation:
                        for i, lv in enumerate(self.plan.levels)],
             "phases": [p.__dict__ for p in self.phases],
             "predicted_seconds": self.predicted, "lower_bound_seconds": self.bound,
-            "lower_bound_reason": self.bound_reason, "efficiency": self.efficiency,
+            "lower_bound_reason": self.bound_reason, "efficiency": self.efficiency, "runs_on": self.runs_on,
         }
 
     def text(self) -> str:
@@ -70,6 +71,8 @@ class Explanation:
         lines.append(f"lower bound {self.bound * 1e6:>12.1f} us   algbw {lb_alg:8.2f} GB/s   busbw {lb_bus:8.2f} GB/s"
                      f"   ({self.bound_reason})")
         lines.append(f"predicted efficiency {100 * self.efficiency:.1f} % of the lower bound")
+        if self.runs_on:
+            lines.append(self.runs_on)
         return "\n".join(lines)
 
     __str__ = text

@@ -7,7 +7,7 @@ The main table is nccl-tests' own (``size count type redop root  time algbw busb
 in place), for the first algorithm of ``--algo`` alone, so parsers written for nccl-tests read it unchanged.
 The other algorithms run at each size in turn with it, so ratios are side by side in one run; they are
 reported after the main table in a comparison table whose every line is a comment. busbw = algbw times
-2(n-1)/n (allreduce), 1 (broadcast) or (n-1)/n (allgather, whose size is the gathered whole). Results are
+2(n-1)/n (allreduce), 1 (broadcast) or (n-1)/n (allgather and reduce_scatter, whose size is the whole). Results are
 checked on inputs whose reduction is exact in every dtype; wrong elements are counted and make the exit
 status non-zero.
 """

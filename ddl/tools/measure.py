@@ -15,7 +15,7 @@ import numpy as np
 
 from ..units import bus_factor
 
-COLLECTIVES = ("allreduce", "broadcast", "allgather")
+COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter")
 OPS = ("sum", "prod", "min", "max", "avg")
 AVERAGES = {0: "rank 0's", 1: "average over ranks of", 2: "minimum over ranks of", 3: "maximum over ranks of"}
 
@@ -47,7 +47,7 @@ def bus_bandwidth_factor(collective: str, n: int) -> float:
     """nccl-tests' busbw / algbw: what each rank's link carries per byte of the result."""
     if collective == "allreduce":
         return bus_factor(n)
-    return 1.0 if collective == "broadcast" else (n - 1) / n
+    return 1.0 if collective == "broadcast" else (n - 1) / n  # allgather, reduce_scatter: size is the whole
 
 
 def bandwidth(nbytes: int, us: float, n: int, collective: str = "allreduce") -> tuple[float, float]:
@@ -61,12 +61,11 @@ class Case:
 
     def __init__(self, collective: str, rank: int, n: int, count: int, dtype: np.dtype, op: str, root: int):
         self.collective, self.op, self.root, self.dtype, self.rank = collective, op, root, dtype, rank
-        if collective == "allgather":
-            count -= count % n  # every rank gives the same share
-            self.x = inputs(rank, count // n, dtype, op)
-        else:
-            self.x = inputs(rank, count, dtype, op)
+        if collective in ("allgather", "reduce_scatter"):
+            count -= count % n  # every rank gives (or gets) the same share
+        self.x = inputs(rank, count // n if collective == "allgather" else count, dtype, op)
         self.count = count
+        # reduce_scatter: rank r's result is out[r * share:(r + 1) * share] (nccl-tests' in-place layout)
         self.out = np.empty(count, dtype)
         self.nbytes = count * dtype.itemsize
         self.ranks = n
@@ -77,6 +76,8 @@ class Case:
         if self.collective == "broadcast":
             return inputs(self.root, self.count, np.dtype(np.float64), self.op)
         share = self.count // self.ranks
+        if self.collective == "reduce_scatter":
+            return expected(self.ranks, self.count, self.dtype, "sum")[self.rank * share:(self.rank + 1) * share]
         return np.concatenate([inputs(r, share, np.dtype(np.float64), self.op) for r in range(self.ranks)]) \
             if share else np.zeros(0)
 
@@ -90,6 +91,10 @@ class Case:
             self.out[...] = self.x
 
     def wrong(self) -> int:
+        if self.collective == "reduce_scatter":
+            share = self.count // self.ranks
+            return count_wrong(self.out[self.rank * share:(self.rank + 1) * share], self.reference(), "sum",
+                               self.dtype)
         return count_wrong(self.out, self.reference(), "avg" if self.op == "avg" and
                            self.collective == "allreduce" else "sum", self.dtype)
 
@@ -151,6 +156,15 @@ class Runner:
             out /= self.comm.size
 
     def _mpi_other(self, x, out, inplace, root):
+        if self.collective == "reduce_scatter":  # MPI's in place leaves the result at the buffer's start
+            share = out.size // self.comm.size
+            mine = out[self.comm.rank * share:(self.comm.rank + 1) * share]
+            if inplace:
+                self.comm.Reduce_scatter_block(self.MPI.IN_PLACE, out, op=self.MPI.SUM)
+                mine[...] = out[:share]  # moved to where nccl-tests' layout has it (a copy MPI's users pay too)
+            else:
+                self.comm.Reduce_scatter_block(x, mine, op=self.MPI.SUM)
+            return
         if self.collective == "broadcast":
             if not inplace:  # nccl-tests' out-of-place broadcast: root's send buffer lands in every output
                 if self.comm.rank == root:
@@ -160,16 +174,19 @@ class Runner:
             self.comm.Allgather(self.MPI.IN_PLACE if inplace else x, out)
 
     def _ddl_other(self, x, out, inplace, root):
-        """ddl's broadcast and allgather return a new array; both columns copy it into the output buffer, as a
-        user with a preallocated buffer would."""
+        """ddl's broadcast, allgather and reduce_scatter write the preallocated output (``out=``), as MPI's do."""
         import ddl
 
+        share = out.size // self.comm.size
+        mine = out[self.comm.rank * share:(self.comm.rank + 1) * share]
         if self.collective == "broadcast":
-            out[...] = ddl.broadcast(out if inplace else x, root)
+            if not inplace and self.comm.rank == root:
+                out[...] = x  # as the MPI column: root's send buffer lands in every output
+            ddl.broadcast(out, root, out=out)
+        elif self.collective == "allgather":
+            ddl.allgather(mine if inplace else x, out=out)
         else:
-            share = x.size
-            mine = out[self.comm.rank * share:(self.comm.rank + 1) * share] if inplace else x
-            out[...] = ddl.allgather(mine)
+            ddl.reduce_scatter(out if inplace else x, out=mine)
 
 
 def init_gloo(comm) -> None:

@@ -1,0 +1,171 @@
+"""The host memory level under real MPI ranks of one host (any N; at 1 rank there is no level to test).
+
+Every collective on the world communicator runs on it when its ranks share a host; these tests check what
+is particular to it: sizes that take many steps of the segment's slots, every root and layout, reduce_scatter,
+out= in every form, mismatches between collectives of different kinds, teams with segments of their own, and
+that no segment is left in /dev/shm. Expected values come from numpy on rank and size alone.
+"""
+import os
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import ddl
+from ddl import DDLError, MismatchError
+from ddl.core import host
+from ddl.core.communicator import Communicator
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.rank, COMM.size
+MANY_STEPS = 3 * host.SLOT_BYTES + 12  # bytes per rank: several steps of a slot, and a ragged last one
+
+pytestmark = [pytest.mark.mpi, pytest.mark.skipif(SIZE == 1, reason="one rank has no host level")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world():
+    ddl.finalize()
+    ddl.init(COMM, options="-timeout 60")
+    yield
+    ddl.finalize()
+
+
+def values(rank, n, dtype=np.int64):
+    return ((np.arange(n, dtype=np.int64) * 7 + rank) % 11 - 5).astype(dtype)
+
+
+def total(n, dtype=np.int64):
+    return sum(values(r, n, np.int64) for r in range(SIZE)).astype(dtype)
+
+
+def test_the_world_of_one_host_runs_on_host_memory_and_leaves_no_segment():
+    comm = ddl.communicator()
+    assert comm.host_level
+    assert "host memory" in comm.explain(1 << 20).text()
+    assert not os.path.exists("/dev/shm" + comm._host.name)  # unlinked once every rank had mapped it
+    off = Communicator.from_mpi(COMM, replace(comm.options, shm="0"))
+    try:
+        assert not off.host_level
+        np.testing.assert_array_equal(off.allreduce(values(RANK, 5)), total(5))
+    finally:
+        off.close()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+@pytest.mark.parametrize("count", [1, 3 * 1024, host.ONE_PHASE_BYTES // 4 + 1])
+def test_allreduce_on_either_side_of_one_phase(dtype, count):
+    np.testing.assert_array_equal(ddl.allreduce(values(RANK, count, dtype)), total(count, dtype))
+    got = ddl.allreduce(values(RANK, count, dtype), "max")
+    np.testing.assert_array_equal(got, np.max([values(r, count, dtype) for r in range(SIZE)], axis=0))
+
+
+def test_allreduce_of_many_steps_in_place_and_into_an_overlapping_out():
+    n = MANY_STEPS // 8
+    x = values(RANK, n)
+    ddl.allreduce(x, out=x)
+    np.testing.assert_array_equal(x, total(n))
+    buf = np.zeros(n + 1000, np.int64)
+    buf[:n] = values(RANK, n)
+    got = ddl.allreduce(buf[:n], out=buf[1000:])  # out starts inside the input: later steps' input must survive
+    assert got.base is buf
+    np.testing.assert_array_equal(buf[1000:], total(n))
+
+
+@pytest.mark.parametrize("nbytes", [0, 8, MANY_STEPS])
+def test_broadcast_from_every_root_many_steps_and_into_out(nbytes):
+    for root in range(SIZE):
+        x = values(RANK, nbytes // 8)
+        got = ddl.broadcast(x, root)
+        np.testing.assert_array_equal(got, values(root, nbytes // 8))
+        np.testing.assert_array_equal(x, values(RANK, nbytes // 8))  # the input is left alone
+        out = np.empty_like(x)
+        assert ddl.broadcast(x, root, out=out) is out
+        np.testing.assert_array_equal(out, values(root, nbytes // 8))
+        assert ddl.broadcast(x, root, out=x) is x  # in place
+        np.testing.assert_array_equal(x, values(root, nbytes // 8))
+
+
+@pytest.mark.parametrize("rows", [1, 1000, MANY_STEPS // 24])
+def test_allgather_equal_rows_in_place_and_out(rows):
+    x = values(RANK, rows * 3).reshape(rows, 3)
+    want = np.concatenate([values(r, rows * 3).reshape(rows, 3) for r in range(SIZE)])
+    np.testing.assert_array_equal(ddl.allgather(x), want)
+    out = np.zeros_like(want)
+    out[RANK * rows:(RANK + 1) * rows] = x
+    assert ddl.allgather(out[RANK * rows:(RANK + 1) * rows], out=out) is out  # in place
+    np.testing.assert_array_equal(out, want)
+
+
+def test_allgather_uneven_rows_of_many_steps():
+    rows = [r * (MANY_STEPS // 16) + 1 for r in range(SIZE)]  # rank 0 one row, the last several slots
+    x = values(RANK, rows[RANK] * 2).reshape(rows[RANK], 2)
+    got = ddl.allgather(x)
+    want = np.concatenate([values(r, rows[r] * 2).reshape(rows[r], 2) for r in range(SIZE)])
+    np.testing.assert_array_equal(got, want)
+    out = np.empty_like(want)
+    assert ddl.allgather(x, out=out) is out
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "min"])
+@pytest.mark.parametrize("rows", [1, SIZE * 5 + 1, MANY_STEPS // 8 + 3])
+def test_reduce_scatter_gives_each_rank_its_part(rows, op):
+    dtype = np.float64
+    x = values(RANK, rows * 2, dtype).reshape(rows, 2)
+    stack = np.stack([values(r, rows * 2, dtype).reshape(rows, 2) for r in range(SIZE)])
+    whole = {"sum": stack.sum(0), "avg": stack.sum(0) / SIZE, "min": stack.min(0)}[op]
+    want = np.array_split(whole, SIZE)[RANK]
+    got = ddl.reduce_scatter(x, op)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    out = np.empty_like(want)
+    assert ddl.reduce_scatter(x, op, out=out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-12)
+
+
+def test_reduce_scatter_refuses_a_bad_call_on_every_rank():
+    with pytest.raises(DDLError, match="avg"):
+        ddl.reduce_scatter(np.ones(SIZE, np.int32), "avg")
+    with pytest.raises(DDLError, match="out has shape"):
+        ddl.reduce_scatter(np.ones(SIZE * 2), out=np.empty(5 if RANK == 0 else 2))
+
+
+CALLS = {
+    "allreduce": lambda: ddl.allreduce(np.ones(4)),
+    "broadcast": lambda: ddl.broadcast(np.ones(4)),
+    "allgather": lambda: ddl.allgather(np.ones(4)),
+    "reduce_scatter": lambda: ddl.reduce_scatter(np.ones(4 * SIZE)),
+    "barrier": ddl.barrier,
+    "large allreduce": lambda: ddl.allreduce(np.ones(MANY_STEPS // 8)),
+}
+
+
+@pytest.mark.parametrize("other", sorted(CALLS))
+def test_different_collectives_raise_mismatch_on_every_rank(other):
+    mine = other if RANK else "barrier" if other == "allreduce" else "allreduce"  # rank 0 differs from the rest
+    with pytest.raises(MismatchError, match="called ddl differently"):
+        CALLS[mine]()
+    np.testing.assert_array_equal(ddl.allreduce(values(RANK, 3)), total(3))  # and the level goes on
+
+
+def test_teams_have_their_own_segment_and_run_concurrently():
+    halves = [list(range(0, SIZE, 2)), list(range(1, SIZE, 2))]
+    mine = halves[RANK % 2]
+    teams = [ddl.new_team(half) for half in halves]  # every rank takes part in making each team
+    team = teams[RANK % 2]
+    assert teams[1 - RANK % 2] is None
+    try:
+        assert team.host_level == (len(mine) > 1)
+        got = team.allreduce(np.array([RANK, 1], np.int64))
+        np.testing.assert_array_equal(got, [sum(mine), len(mine)])
+        np.testing.assert_array_equal(team.reduce_scatter(np.arange(2 * len(mine), dtype=np.int64)),
+                                      np.array_split(np.arange(2 * len(mine)) * len(mine), len(mine))[team.rank])
+    finally:
+        team.close()
+
+
+def test_asynchronous_calls_in_submission_order():
+    handles = [ddl.allreduce_async(np.full(1000, RANK + i, np.int64)) for i in range(5)]
+    for i, h in enumerate(handles):
+        np.testing.assert_array_equal(h.wait(), np.full(1000, sum(range(SIZE)) + SIZE * i))

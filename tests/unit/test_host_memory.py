@@ -1,0 +1,120 @@
+"""The host memory level's native collectives among forked processes, without MPI: a rank that dies inside a
+phase is named within a fraction of a second, a live but silent one at the deadline, ranks that call
+different collectives all see the mismatch, and the segment's name is gone once every member has mapped it.
+The parent process is rank 0; children are ranks 1..n-1."""
+import multiprocessing
+import os
+import time
+
+import numpy as np
+import pytest
+
+from ddl import _native
+from ddl.errors import RankFailure, TransportError
+
+SLOT = 64 << 10
+I64 = _native.DType.int64
+SUM = _native.ReduceOp.sum
+_names = iter(range(1 << 30))
+
+
+def _member(conn, rank, size, behaviour):
+    name, pids = conn.recv()
+    level = _native.HostMemory(name, False, rank, size, SLOT, pids, list(range(size)))
+    conn.send("mapped")
+    try:
+        if behaviour == "die-before-arriving":
+            os._exit(3)
+        if behaviour == "die-in-the-second-step":
+            level.barrier(1, 60.0, "barrier()")
+            os._exit(3)
+        if behaviour == "one-barrier-then-silent":
+            level.barrier(1, 60.0, "barrier()")
+        if behaviour in ("silent", "one-barrier-then-silent"):
+            time.sleep(30)
+        if behaviour == "allreduce":
+            x = np.full(3 * SLOT // 8 + 5, rank, np.int64)  # several steps
+            conn.send((level.allreduce(x, x, I64, SUM, 1.0, 4096, 7, 60.0, "allreduce"), x[:3].tolist(), x[-1]))
+        if behaviour == "broadcast-instead":
+            conn.send(level.broadcast(np.zeros(4), 0, 8, 60.0, "broadcast"))
+    except Exception as e:  # reported to the parent, which asserts on it
+        conn.send(repr(e))
+    conn.close()
+
+
+def group(behaviours):
+    """Rank 0 (this process) and one child per behaviour, all mapping one new segment; yields (level, pipes)."""
+    size = len(behaviours) + 1
+    ctx = multiprocessing.get_context("fork")
+    pipes, children = [], []
+    for rank, b in enumerate(behaviours, start=1):
+        mine, theirs = ctx.Pipe()
+        child = ctx.Process(target=_member, args=(theirs, rank, size, b), daemon=True)
+        child.start()
+        pipes.append(mine)
+        children.append(child)
+    name = f"/ddl-test-{os.getpid()}-{next(_names)}"
+    pids = [os.getpid()] + [c.pid for c in children]
+    level = _native.HostMemory(name, True, 0, size, SLOT, pids, list(range(size)))
+    for p in pipes:
+        p.send((name, pids))
+    for p in pipes:
+        assert p.recv() == "mapped"
+    _native.HostMemory.unlink(name)
+    assert not os.path.exists("/dev/shm" + name)
+    return level, pipes, children
+
+
+def finish(children):
+    for c in children:
+        c.kill()
+        c.join(5)
+
+
+@pytest.mark.parametrize("when", ["die-before-arriving", "die-in-the-second-step"])
+def test_a_rank_that_dies_is_named_long_before_the_deadline(when):
+    other = "silent" if when == "die-before-arriving" else "one-barrier-then-silent"
+    level, pipes, children = group([when, other])
+    try:
+        start = time.monotonic()
+        with pytest.raises(RankFailure, match="rank 1 .*ended during barrier") as caught:
+            level.barrier(1, 60.0, "barrier()")
+            level.barrier(1, 60.0, "barrier()")
+        assert caught.value.ranks == [1]
+        assert time.monotonic() - start < 10  # the deadline is 60 s
+        assert level.broken
+        with pytest.raises(TransportError, match="unusable after an earlier failure"):
+            level.barrier(1, 60.0, "barrier()")
+    finally:
+        finish(children)
+
+
+def test_a_silent_rank_fails_the_call_at_its_deadline_naming_it():
+    level, pipes, children = group(["silent", "silent"])
+    try:
+        start = time.monotonic()
+        with pytest.raises(TransportError, match=r"made no progress for 0.5 s \(DDL_TIMEOUT\); waiting on rank 1"):
+            level.barrier(1, 0.5, "barrier()")
+        assert 0.4 < time.monotonic() - start < 10
+    finally:
+        finish(children)
+
+
+def test_allreduce_over_several_steps_and_a_mismatch_seen_by_every_rank():
+    level, pipes, children = group(["allreduce", "allreduce"])
+    try:
+        x = np.zeros(3 * SLOT // 8 + 5, np.int64)
+        assert level.allreduce(x, x, I64, SUM, 1.0, 4096, 7, 60.0, "allreduce")
+        assert (x == 3).all()  # 0 + 1 + 2
+        for p in pipes:
+            assert p.recv() == (True, [3, 3, 3], 3)
+    finally:
+        finish(children)
+    level, pipes, children = group(["broadcast-instead"])
+    try:
+        y = np.ones(4, np.int64)
+        assert level.allreduce(y, y, I64, SUM, 1.0, 4096, 7, 60.0, "allreduce") is False
+        assert (y == 1).all()  # nothing written on a mismatch
+        assert pipes[0].recv() is False
+    finally:
+        finish(children)
