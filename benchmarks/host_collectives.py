@@ -8,7 +8,6 @@ the table gives the median over repeats of ddl's time over MPI's (below 1: ddl i
 in place, and ddl's in-place busbw. ddl writes into preallocated outputs (``out=``), as MPI does.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -23,7 +22,7 @@ def worker(repeats: int) -> dict:
     import ddl
     from mpi4py import MPI
 
-    from ddl.tools.measure import Runner, measure
+    from ddl.tools.measure import Runner, bandwidth, measure
 
     comm = MPI.COMM_WORLD
     ddl.init(comm)
@@ -41,7 +40,6 @@ def worker(repeats: int) -> dict:
                     for k in ("out", "in"):
                         samples[(a, k)].append(rec[f"{k}_us"])
                     if a == "ddl":
-                        from ddl.tools.measure import bandwidth
                         busbw.append(bandwidth(rec["size"], rec["in_us"], comm.size, collective)[1])
             out[f"{collective} {nbytes}"] = {**{f"{a}_{k}": statistics.median(v) for (a, k), v in samples.items()},
                                              "busbw": statistics.median(busbw)}
@@ -82,12 +80,9 @@ def main() -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        results = worker(args.repeats)
-        import ddl
+        from ddl.tools.measure import answer_as_worker
 
-        if ddl.rank() == 0:
-            sys.stdout.write(json.dumps(results) + "\n")
-        return 0
+        return answer_as_worker(worker, args.repeats)
     from ddl.runner import mpirun
 
     parts = []

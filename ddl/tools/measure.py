@@ -275,6 +275,17 @@ def measure(runner: Runner, comm, count: int, dtype: np.dtype, op: str, iters: i
     return record
 
 
+def answer_as_worker(worker, repeats: int) -> int:
+    """The launched side of a self-launched benchmark: every rank runs ``worker(repeats)``; rank 0 prints its
+    dict as one JSON line (what mpirun.worker_json reads)."""
+    results = worker(repeats)
+    import ddl
+
+    if ddl.rank() == 0:
+        sys.stdout.write(json.dumps(results) + "\n")
+    return 0
+
+
 def self_launched(script: str, doc: str, worker, report, repeats: int = 7, note=None) -> int:
     """main() of a benchmark script that launches itself under mpiexec: ``worker(repeats)`` runs on every rank
     (rank 0's dict comes back as JSON), ``report(results, nranks)`` makes the table, printed and written to
@@ -288,12 +299,7 @@ def self_launched(script: str, doc: str, worker, report, repeats: int = 7, note=
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        results = worker(args.repeats)
-        import ddl
-
-        if ddl.rank() == 0:
-            sys.stdout.write(json.dumps(results) + "\n")
-        return 0
+        return answer_as_worker(worker, args.repeats)
     from ..runner import mpirun
 
     results = mpirun.worker_json(args.np, [sys.executable, os.path.abspath(script), "--worker",

@@ -22,12 +22,7 @@ OPS = ["sum", "avg", "prod", "min", "max"]
 LARGE_BYTES = (16 << 20) + 4  # past 16 MiB, not a multiple of anything convenient
 
 
-@pytest.fixture(scope="module", autouse=True)
-def world():
-    ddl.finalize()
-    ddl.init(COMM, options="-timeout 60")
-    yield
-    ddl.finalize()
+pytestmark = pytest.mark.usefixtures("world")  # tests/mpi/conftest.py
 
 
 def name(dtype):

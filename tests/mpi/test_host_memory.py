@@ -21,15 +21,8 @@ COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
 MANY_STEPS = 3 * host.SLOT_BYTES + 12  # bytes per rank: several steps of a slot, and a ragged last one
 
-pytestmark = [pytest.mark.mpi, pytest.mark.skipif(SIZE == 1, reason="one rank has no host level")]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def world():
-    ddl.finalize()
-    ddl.init(COMM, options="-timeout 60")
-    yield
-    ddl.finalize()
+pytestmark = [pytest.mark.mpi, pytest.mark.skipif(SIZE == 1, reason="one rank has no host level"),
+              pytest.mark.usefixtures("world")]
 
 
 def values(rank, n, dtype=np.int64):
