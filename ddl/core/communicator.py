@@ -194,6 +194,8 @@ class Communicator:
             self._worker.close(self.options.timeout + 5)
             self._worker = None
         broken = self._executor is not None and not isinstance(self._executor, _Closed) and self._executor.broken
+        # a failure seen on the host memory level broke the job too: ULFM still needs the MPI communicator
+        broken = broken or self.failure is not None or (self._host is not None and self._host.native.broken)
         if self._recorder is not None and self.options.timeline:
             self._write_timeline(broken)
         self._recorder = None

@@ -211,7 +211,9 @@ def run(func):
                 os._exit(EXIT_TOO_FEW)
             except Exception as e:
                 behind = _rank_failure_behind(e)
-                if behind is not None:  # a framework's error around ddl's (TensorFlow wraps py-functions')
+                # a framework's error around ddl's (TensorFlow wraps py-functions'); not the failure whose recovery
+                # just failed: that would be tried again forever
+                if behind is not None and behind is not failure:
                     failure = behind
                     say(f"{behind} (inside {type(e).__name__})")
                     continue
