@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <optional>
 
 #include "ddl/cuda_driver.hpp"
@@ -145,10 +146,26 @@ bool run(Executor& ex, const PyPlan& plan, const py::buffer& buf, const PyRunOpt
 }
 
 
-// The host memory level's calls: buffers are checked as bytes here, the collective runs with the GIL released.
-size_t byte_size(const py::buffer& buf) {
-  py::buffer_info info = buf.request();
-  return static_cast<size_t>(info.size * info.itemsize);
+// The host memory level's calls: buffers are taken as bytes here (one buffer request each: the small path is
+// counted in hundreds of nanoseconds), the collective runs with the GIL released.
+struct Bytes {
+  char* ptr;
+  size_t size;
+};
+
+Bytes bytes_of(const py::buffer& buf, bool writable) {
+  Py_buffer view;  // numpy refuses a non-contiguous or read-only array here, with its own message
+  if (PyObject_GetBuffer(buf.ptr(), &view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) != 0)
+    throw py::error_already_set();
+  const Bytes b{static_cast<char*>(view.buf), static_cast<size_t>(view.len)};
+  PyBuffer_Release(&view);  // the caller holds the object: its memory stays
+  return b;
+}
+
+void need(const Bytes& b, size_t bytes, const char* what) {
+  if (b.size < bytes)
+    throw std::invalid_argument(std::string(what) + " holds " + std::to_string(b.size) + " bytes; the call needs " +
+                                std::to_string(bytes));
 }
 
 HostCall host_call(int64_t hash, double timeout, std::string label) {
@@ -167,6 +184,61 @@ struct HostAllreduce {
   HostCall call;
 };
 
+// A reduce_scatter worked out once per signature: every rank's part (start and count, in elements) and the op.
+struct HostReduceScatter {
+  std::vector<int64_t> starts, counts;
+  DType dtype;
+  ReduceOp op;
+  double factor;
+  HostCall call;
+};
+
+bool allreduce(HostMemory& h, const py::buffer& src, const py::buffer& dst, DType t, ReduceOp op, double factor,
+               size_t one_phase, HostCall& c) {
+  const Bytes in = bytes_of(src, false), out = bytes_of(dst, true);
+  need(out, in.size, "dst");
+  py::gil_scoped_release nogil;
+  return h.allreduce(in.ptr, out.ptr, static_cast<int64_t>(in.size / dtype_size(t)), t, op, factor, one_phase, c);
+}
+
+bool broadcast(HostMemory& h, const py::buffer& buf, int root, HostCall& c) {
+  const Bytes data = bytes_of(buf, true);
+  py::gil_scoped_release nogil;
+  return h.broadcast(data.ptr, data.size, root, c);
+}
+
+// The equal-rows allgather: True (gathered into dst), False (ranks called differently), or every rank's length
+// in bytes (the rows were uneven: dst is untouched, the caller gathers with that layout).
+py::object allgather_equal(HostMemory& h, const py::buffer& src, const py::buffer& dst, HostCall& c) {
+  const Bytes in = bytes_of(src, false), out = bytes_of(dst, true);
+  need(out, in.size * static_cast<size_t>(h.size()), "dst");
+  std::vector<int64_t> lengths;
+  bool equal = false, agreed;
+  {
+    py::gil_scoped_release nogil;
+    agreed = h.allgather_equal(in.ptr, out.ptr, in.size, lengths, &equal, c);
+  }
+  if (!agreed || equal) return py::bool_(agreed);
+  return py::cast(lengths);
+}
+
+bool reduce_scatter(HostMemory& h, const py::buffer& src, const py::buffer& dst, const std::vector<int64_t>& starts,
+                    const std::vector<int64_t>& counts, DType t, ReduceOp op, double factor, HostCall& c) {
+  const Bytes in = bytes_of(src, false), out = bytes_of(dst, true);
+  int64_t end = 0;
+  for (size_t r = 0; r < starts.size() && r < counts.size(); ++r) end = std::max(end, starts[r] + counts[r]);
+  const size_t me = static_cast<size_t>(h.rank());
+  need(in, static_cast<size_t>(end) * dtype_size(t), "src");
+  need(out, static_cast<size_t>(me < counts.size() ? counts[me] : 0) * dtype_size(t), "dst");
+  py::gil_scoped_release nogil;
+  return h.reduce_scatter(in.ptr, out.ptr, starts, counts, t, op, factor, c);
+}
+
+bool barrier(HostMemory& h, HostCall& c) {
+  py::gil_scoped_release nogil;
+  return h.barrier(c);
+}
+
 void bind_host(py::module_& m) {
   using V = std::vector<int64_t>;
   py::class_<HostCall>(m, "HostCall", "A host level call's hash, deadline and label, made once per signature.")
@@ -177,6 +249,15 @@ void bind_host(py::module_& m) {
              return HostAllreduce{t, op, factor, one_phase, host_call(hash, timeout, std::move(label))};
            }), py::arg("dtype"), py::arg("op"), py::arg("factor"), py::arg("one_phase"), py::arg("hash"),
            py::arg("timeout"), py::arg("label"));
+  py::class_<HostReduceScatter>(m, "HostReduceScatter",
+                                "A reduce_scatter's parts, dtype, op and factor, and its HostCall.")
+      .def(py::init([](V starts, V counts, DType t, ReduceOp op, double factor, int64_t hash, double timeout,
+                       std::string label) {
+             return HostReduceScatter{std::move(starts), std::move(counts), t, op, factor,
+                                      host_call(hash, timeout, std::move(label))};
+           }), py::arg("starts"), py::arg("counts"), py::arg("dtype"), py::arg("op"), py::arg("factor"),
+           py::arg("hash"), py::arg("timeout"), py::arg("label"));
+  // Each collective comes in two forms: with its prepared call (the short paths) and with the call's parts.
   py::class_<HostMemory>(m, "HostMemory",
                          "The host level: the ranks of one host collect through one shared-memory segment.")
       .def(py::init<const std::string&, bool, int, int, size_t, std::vector<int>, std::vector<int>>(),
@@ -185,84 +266,66 @@ void bind_host(py::module_& m) {
       .def_static("unlink", &HostMemory::unlink, py::arg("name"))
       .def_property_readonly("broken", &HostMemory::broken)
       .def_property_readonly("slot_bytes", &HostMemory::slot_bytes)
+      .def("allreduce", [](HostMemory& h, const py::buffer& src, const py::buffer& dst, HostAllreduce& a) {
+        return allreduce(h, src, dst, a.dtype, a.op, a.factor, a.one_phase, a.call);
+      }, py::arg("src"), py::arg("dst"), py::arg("call"))
       .def("allreduce", [](HostMemory& h, const py::buffer& src, const py::buffer& dst, DType t, ReduceOp op,
                            double factor, size_t one_phase, int64_t hash, double timeout, std::string label) {
-        const size_t n = byte_size(src);
-        const void* in = contiguous_buffer(src, DType::uint8, 0, false);
-        void* out = writable_buffer(dst, DType::uint8, static_cast<int64_t>(n));
         HostCall c = host_call(hash, timeout, std::move(label));
-        py::gil_scoped_release nogil;
-        return h.allreduce(in, out, static_cast<int64_t>(n / dtype_size(t)), t, op, factor, one_phase, c);
+        return allreduce(h, src, dst, t, op, factor, one_phase, c);
       }, py::arg("src"), py::arg("dst"), py::arg("dtype"), py::arg("op"), py::arg("factor"), py::arg("one_phase"),
          py::arg("hash"), py::arg("timeout"), py::arg("label"))
-      .def("allreduce", [](HostMemory& h, const py::buffer& src, const py::buffer& dst, HostAllreduce& a) {
-        const size_t n = byte_size(src);
-        const void* in = contiguous_buffer(src, DType::uint8, 0, false);
-        void* out = writable_buffer(dst, DType::uint8, static_cast<int64_t>(n));
+      .def("broadcast", &broadcast, py::arg("buffer"), py::arg("root"), py::arg("call"))
+      .def("broadcast", [](HostMemory& h, const py::buffer& src, const py::buffer& dst, int root, HostCall& c) {
+        // out of place: root sends from src (only read) and copies it to dst; the others receive into dst
+        const Bytes in = bytes_of(src, false), out = bytes_of(dst, true);
+        need(out, in.size, "dst");
         py::gil_scoped_release nogil;
-        return h.allreduce(in, out, static_cast<int64_t>(n / dtype_size(a.dtype)), a.dtype, a.op, a.factor,
-                           a.one_phase, a.call);
-      }, py::arg("src"), py::arg("dst"), py::arg("call"))
-      .def("broadcast", [](HostMemory& h, const py::buffer& buf, int root, HostCall& c) {
-        void* data = writable_buffer(buf, DType::uint8, 0);
-        const size_t n = byte_size(buf);
-        py::gil_scoped_release nogil;
-        return h.broadcast(data, n, root, c);
-      }, py::arg("buffer"), py::arg("root"), py::arg("call"))
+        const bool root_here = h.rank() == root;
+        const bool agreed = h.broadcast(root_here ? in.ptr : out.ptr, in.size, root, c);
+        if (agreed && root_here && out.ptr != in.ptr) std::memmove(out.ptr, in.ptr, in.size);
+        return agreed;
+      }, py::arg("src"), py::arg("dst"), py::arg("root"), py::arg("call"))
       .def("broadcast", [](HostMemory& h, const py::buffer& buf, int root, int64_t hash, double timeout,
                            std::string label) {
-        void* data = writable_buffer(buf, DType::uint8, 0);
-        const size_t n = byte_size(buf);
         HostCall c = host_call(hash, timeout, std::move(label));
-        py::gil_scoped_release nogil;
-        return h.broadcast(data, n, root, c);
+        return broadcast(h, buf, root, c);
       }, py::arg("buffer"), py::arg("root"), py::arg("hash"), py::arg("timeout"), py::arg("label"))
       .def("allgather", [](HostMemory& h, const py::buffer& src, const py::buffer& dst, const V& offsets,
                            const V& lengths, int64_t hash, double timeout, std::string label) {
+        const Bytes in = bytes_of(src, false), out = bytes_of(dst, true);
         int64_t end = 0;
         for (size_t r = 0; r < offsets.size() && r < lengths.size(); ++r) end = std::max(end, offsets[r] + lengths[r]);
-        const void* in = contiguous_buffer(src, DType::uint8, 0, false);
-        void* out = writable_buffer(dst, DType::uint8, end);
-        if (static_cast<size_t>(h.rank()) < lengths.size() &&
-            byte_size(src) < static_cast<size_t>(lengths[static_cast<size_t>(h.rank())]))
-          throw std::invalid_argument("allgather: the source is shorter than this rank's length");
+        need(out, static_cast<size_t>(end), "dst");
+        const size_t me = static_cast<size_t>(h.rank());
+        need(in, me < lengths.size() ? static_cast<size_t>(lengths[me]) : 0, "src");
         HostCall c = host_call(hash, timeout, std::move(label));
         py::gil_scoped_release nogil;
-        return h.allgather(in, out, offsets, lengths, c);
+        return h.allgather(in.ptr, out.ptr, offsets, lengths, c);
       }, py::arg("src"), py::arg("dst"), py::arg("offsets"), py::arg("lengths"), py::arg("hash"),
          py::arg("timeout"), py::arg("label"))
+      .def("allgather_equal", &allgather_equal, py::arg("src"), py::arg("dst"), py::arg("call"),
+           "True (gathered into dst), False (ranks called differently), or every rank's length in bytes (uneven "
+           "rows: dst untouched).")
       .def("allgather_equal", [](HostMemory& h, const py::buffer& src, const py::buffer& dst, int64_t hash,
                                  double timeout, std::string label) {
-        const size_t n = byte_size(src);
-        const void* in = contiguous_buffer(src, DType::uint8, 0, false);
-        void* out = writable_buffer(dst, DType::uint8, static_cast<int64_t>(n * static_cast<size_t>(h.size())));
         HostCall c = host_call(hash, timeout, std::move(label));
-        V lengths;
-        bool equal = false, agreed;
-        {
-          py::gil_scoped_release nogil;
-          agreed = h.allgather_equal(in, out, n, lengths, &equal, c);
-        }
-        return py::make_tuple(agreed, equal, lengths);
-      }, py::arg("src"), py::arg("dst"), py::arg("hash"), py::arg("timeout"), py::arg("label"),
-         "(agreed, equal, every rank's length): dst is filled only when all lengths equal this rank's.")
+        return allgather_equal(h, src, dst, c);
+      }, py::arg("src"), py::arg("dst"), py::arg("hash"), py::arg("timeout"), py::arg("label"))
+      .def("reduce_scatter", [](HostMemory& h, const py::buffer& src, const py::buffer& dst, HostReduceScatter& p) {
+        return reduce_scatter(h, src, dst, p.starts, p.counts, p.dtype, p.op, p.factor, p.call);
+      }, py::arg("src"), py::arg("dst"), py::arg("call"))
       .def("reduce_scatter", [](HostMemory& h, const py::buffer& src, const py::buffer& dst, const V& starts,
                                 const V& counts, DType t, ReduceOp op, double factor, int64_t hash, double timeout,
                                 std::string label) {
-        int64_t end = 0;
-        for (size_t r = 0; r < starts.size() && r < counts.size(); ++r) end = std::max(end, starts[r] + counts[r]);
-        const void* in = contiguous_buffer(src, t, end, false);
-        const size_t me = static_cast<size_t>(h.rank());
-        void* out = writable_buffer(dst, t, me < counts.size() ? counts[me] : 0);
         HostCall c = host_call(hash, timeout, std::move(label));
-        py::gil_scoped_release nogil;
-        return h.reduce_scatter(in, out, starts, counts, t, op, factor, c);
+        return reduce_scatter(h, src, dst, starts, counts, t, op, factor, c);
       }, py::arg("src"), py::arg("dst"), py::arg("starts"), py::arg("counts"), py::arg("dtype"), py::arg("op"),
          py::arg("factor"), py::arg("hash"), py::arg("timeout"), py::arg("label"))
+      .def("barrier", &barrier, py::arg("call"))
       .def("barrier", [](HostMemory& h, int64_t hash, double timeout, std::string label) {
         HostCall c = host_call(hash, timeout, std::move(label));
-        py::gil_scoped_release nogil;
-        return h.barrier(c);
+        return barrier(h, c);
       }, py::arg("hash"), py::arg("timeout"), py::arg("label"));
 }
 

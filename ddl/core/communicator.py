@@ -127,8 +127,8 @@ class Communicator:
             wanted = host.eligible(size, self.hosts, o) and hierarchy is None and topology is None \
                 and self._forced is None and len(self.levels) == 1
             self._host = self._agreement.host = host.HostLevel.create(mpi_comm, wanted)
-        # the short path: no per-call timer, timeline or check to feed
-        self._fast = self._host is not None and not o.dump_iter and not o.timeline and o.check is None
+        # the short paths (the host level's, or one rank's): no per-call timer, timeline or check to feed
+        self._fast = (self._host is not None or size == 1) and not o.dump_iter and not o.timeline and o.check is None
         self._origin = 0
         if self._recorder is not None:  # one time origin for every rank's track: right after a barrier (hosts'
             if mpi_comm is not None:    # clocks differ; loopback ranks are threads sharing one clock)
@@ -414,24 +414,25 @@ class Communicator:
         return sig
 
     def allreduce(self, array, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
-        if self._fast and type(array) is np.ndarray:  # the host level's short path: a known call, plain arrays
+        if self._fast and type(array) is np.ndarray:  # the short paths: a known call, plain arrays
             sig = self._signatures.get((array.shape, array.dtype, op))
-            if sig is not None and sig.host is not None and array.flags.c_contiguous:
-                # (an out that overlaps the input is fine: the native call copies the input first where needed)
-                dst = np.empty(array.shape, array.dtype) if out is None else out if out is array or (
-                    type(out) is np.ndarray and out.shape == array.shape and out.dtype == array.dtype
-                    and _writable_contiguous(out.flags)) else None
-                if dst is not None:
-                    if self._worker is not None:
-                        self._worker.drain()
-                    with self.lock:
+            if sig is not None and array.flags.c_contiguous:
+                if sig.host is not None:
+                    # (an out that overlaps the input is fine: the native call copies the input first if needed)
+                    dst = np.empty(array.shape, array.dtype) if out is None else _short_out(array, out)
+                    if dst is not None:
+                        if self._worker is not None:
+                            self._worker.drain()
                         try:
                             agreed = self._host.native.allreduce(array, dst, sig.host)
                         except DDLError as e:
                             raise self._host_failure(e, sig.text) from None
-                        if not agreed:
+                        if agreed is False:
                             self._agreement.report_mismatch(sig.text)
-                    return dst
+                        return dst
+                elif self._host is None and sig.problem is None:  # one rank
+                    if out is None or _short_out(array, out) is not None:
+                        return self._alone_short(array, out)
         if devices.is_device_array(array):
             return self._device().allreduce(array, op, out)
         self._after_submitted()
@@ -479,17 +480,39 @@ class Communicator:
                           host.ONE_PHASE_BYTES, sig.hash, self.options.timeout, sig.text, text=sig.text)
         return _deliver(dst, out, direct)
 
-    def _call(self, key: tuple, text) -> tuple:
-        """(the call as error messages say it, its hash, the host level's HostCall), worked out once per key:
-        formatting shapes and dtypes costs more than a small collective on the host level."""
+    def _call(self, key: tuple, text, short: bool = False, extra=None) -> tuple:
+        """(the call as error messages say it, its hash, the host level's HostCall, ``extra``), worked out once per
+        key: formatting shapes and dtypes costs more than a small collective on the host level. ``short``: a
+        valid call, whose key the short paths may find (a bad call is kept under another key: it fails on every
+        rank, and always by the long path)."""
+        key = key if short else ("refused",) + key
         known = self._calls.get(key)
         if known is None:
             if len(self._calls) > _SIGNATURE_CACHE:
                 self._calls.clear()
             said = text()
             h = self._agreement.hash(said)
-            known = self._calls[key] = (said, h, _native.HostCall(h, self.options.timeout, said))
+            known = self._calls[key] = (said, h, _native.HostCall(h, self.options.timeout, said),
+                                        extra(said, h) if extra is not None else None)
         return known
+
+    def _short(self, text: str, collective, *args) -> None:
+        """A short path's native call on the host level, in order after the submitted collectives. No ``lock``:
+        the segment takes one call at a time itself, and nothing else of this communicator runs meanwhile."""
+        if self._worker is not None:
+            self._worker.drain()
+        self._on_host(collective, *args, text=text)
+
+    def _alone_short(self, array: np.ndarray, out) -> np.ndarray:
+        """One rank's collective on a short path (``out`` checked): a copy of the input, or the input in ``out``,
+        after the submitted collectives."""
+        if self._worker is not None:
+            self._worker.drain()
+        if out is None:
+            return array.copy()
+        if out is not array:
+            np.copyto(out, array)
+        return out
 
     def _on_host(self, collective, *args, text: str):
         """Runs one of the host memory level's collectives (the caller holds ``lock``); a mismatch raises the
@@ -498,7 +521,7 @@ class Communicator:
             agreed = collective(*args)
         except DDLError as e:
             raise self._host_failure(e, text) from None
-        if agreed is False or (isinstance(agreed, tuple) and not agreed[0]):
+        if agreed is False:
             self._agreement.report_mismatch(text)
         return agreed
 
@@ -585,19 +608,27 @@ class Communicator:
     def broadcast(self, array, root: int = 0, out: np.ndarray | None = None) -> np.ndarray:
         """A copy of root's array on every rank (any fixed-size dtype; every rank passes the same shape), or
         written to ``out`` (its shape and dtype; it may be ``array`` itself)."""
-        if self._fast and out is array and type(array) is np.ndarray and _writable_contiguous(array.flags):
-            known = self._calls.get(("broadcast", array.shape, array.dtype, root))  # the short path: in place
-            if known is not None:
-                if self._worker is not None:
-                    self._worker.drain()
-                with self.lock:
+        if self._fast and type(array) is np.ndarray:  # the short paths: a known call, plain arrays
+            known = self._calls.get(("broadcast", array.shape, array.dtype, root))
+            if known is not None and array.flags.c_contiguous:
+                if self._host is None:  # one rank
+                    if out is None or _short_out(array, out) is not None:
+                        return self._alone_short(array, out)
+                elif out is array and array.flags.writeable:  # in place: the usual form
+                    if self._worker is not None:
+                        self._worker.drain()
                     try:
                         agreed = self._host.native.broadcast(array, root, known[2])
                     except DDLError as e:
                         raise self._host_failure(e, known[0]) from None
-                    if not agreed:
+                    if agreed is False:
                         self._agreement.report_mismatch(known[0])
-                return array
+                    return array
+                else:
+                    dst = _short_out(array, out)
+                    if dst is not None:  # (root reads array and copies it to dst; the others write dst only)
+                        self._short(known[0], self._host.native.broadcast, array, dst, root, known[2])
+                        return dst
         if devices.is_device_array(array):
             return self._device().broadcast(array, root)
         self._after_submitted()
@@ -607,17 +638,19 @@ class Communicator:
             problem = f"broadcast root {root!r} is not a rank of this communicator (0..{self.size - 1})"
         if out is not None and problem is None:
             problem = _out_problem(out, a)
+        call, h, _, _ = self._call(("broadcast", a.shape, a.dtype, root),
+                                lambda: f"broadcast(shape={a.shape}, dtype={a.dtype}, root={root})",
+                                short=problem is None and a.dtype.isbuiltin == 1)
         if self.size == 1:
             return self._alone_into(a, problem, out)
-        call, h, _ = self._call(("broadcast", a.shape, a.dtype, root),
-                                lambda: f"broadcast(shape={a.shape}, dtype={a.dtype}, root={root})")
         direct = out is not None and out.flags.c_contiguous
         result = out if direct else np.empty(a.shape, a.dtype)
         if self.rank == root and result is not a:  # only root's data travels: the others just receive
             np.copyto(result, a.copy() if np.may_share_memory(result, a) else a)
         if self._host is not None and problem is None:
             with self.lock:
-                self._on_host(self._host.native.broadcast, result, root, h, self.options.timeout, call, text=call)
+                self._on_host(self._host.native.broadcast, raw(result), root, h, self.options.timeout, call,
+                              text=call)
             return _deliver(result, out, direct)
         data = result.reshape(-1).view(np.uint8)
         with self.lock:
@@ -635,6 +668,22 @@ class Communicator:
         """Every rank's array concatenated along the first axis, in rank order (first dims may differ). With
         ``out`` (C-contiguous, of the gathered shape and the dtype) the result is written there; in place when
         this rank's rows of ``out`` are ``array`` itself."""
+        if self._fast and type(array) is np.ndarray and array.flags.c_contiguous:  # the short path: a known call
+            known = self._calls.get(("allgather", array.shape, array.dtype))
+            if known is not None:
+                gathered = known[3]
+                if self._host is None and out is None:  # one rank
+                    return self._alone_short(array, out)
+                dst = np.empty(gathered, array.dtype) if out is None else out if (
+                    type(out) is np.ndarray and out.shape == gathered and out.dtype == array.dtype
+                    and _writable_contiguous(out.flags)
+                    and (not np.may_share_memory(out, array) or _is_rows_of(array, out, self.rank))) else None
+                if dst is not None:
+                    if self._host is None:
+                        return self._alone_short(array, dst)
+                    if self._worker is not None:
+                        self._worker.drain()
+                    return _gathered_into(self._host_allgather(array, dst, out, known), out, self.rank)
         if devices.is_device_array(array):
             return self._device().allgather(array)
         self._after_submitted()
@@ -644,13 +693,24 @@ class Communicator:
             problem = "allgather needs at least one dimension (it concatenates along the first)"
         if out is not None and problem is None:
             problem = _gathered_out_problem(out, a, self.size)
+        row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+        # (the call's text is the same whatever the first dimension: uneven rows are a valid call)
+        known = self._call(("allgather", a.shape, a.dtype),
+                           lambda: f"allgather(shape=(*, {', '.join(map(str, a.shape[1:]))}), dtype={a.dtype})",
+                           short=problem is None and row_bytes > 0 and a.dtype.isbuiltin == 1,
+                           extra=lambda *_: (a.shape[0] * self.size,) + a.shape[1:])
         if self.size == 1:
             return self._alone_into(a, problem, out)
-        call, h, _ = self._call(("allgather", a.shape[1:], a.dtype),
-                             lambda: f"allgather(shape=(*, {', '.join(map(str, a.shape[1:]))}), dtype={a.dtype})")
-        row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+        call, h, _, gathered = known
         if self._host is not None and problem is None and row_bytes > 0:
-            return self._host_allgather(a, out, call, h, row_bytes)
+            src = raw(np.ascontiguousarray(a))
+            direct = out is not None and out.flags.c_contiguous and out.shape == gathered
+            dst = raw(out if direct else np.empty(gathered, a.dtype))
+            if direct and np.may_share_memory(dst, src) and not _is_rows_of(src, dst, self.rank):
+                src = src.copy()
+            with self.lock:
+                result = self._host_allgather(src, dst, out if direct else None, known)
+            return _gathered_into(result.view(a.dtype), out, self.rank)
         rows = np.zeros(self.size, dtype=np.int64)
         rows[self.rank] = a.shape[0] if a.ndim else 0
         with self.lock:
@@ -669,65 +729,71 @@ class Communicator:
                 _native.Pipeline([native_program(ring_allgather(self.rank, self.size, layout))],
                                  np.zeros((1, 2), np.int64), 1), "ring", data.size, data.size, 1, 1))
             self.execute(plan, data, _native.RunOptions(_BYTE, _SUM, self.options.timeout, call))
-        if out is not None:  # the rows were uneven, or out was not the shape of equal rows
-            if result.shape != out.shape:
-                raise DDLError(f"rank {self.rank}: out has shape {out.shape}; the gathered rows are {result.shape}")
-            np.copyto(out, result)
-            return out
-        return result
+        return _gathered_into(result, out, self.rank)
 
-    def _host_allgather(self, a: np.ndarray, out, call: str, h: int, row_bytes: int) -> np.ndarray:
-        """allgather on the host memory level: one step learns every rank's length and, when all are equal
-        (the usual case), already carries the first piece; uneven rows take a second call with their layout."""
-        src = np.ascontiguousarray(a)
-        gathered = (a.shape[0] * self.size,) + a.shape[1:]
-        direct = out is not None and out.flags.c_contiguous and out.shape == gathered
-        result = out if direct else np.empty(gathered, a.dtype)
-        if direct and np.may_share_memory(result, src) and not _is_rows_of(src, result, self.rank):
+    def _host_allgather(self, src: np.ndarray, dst: np.ndarray, out, known: tuple) -> np.ndarray:
+        """allgather on the host memory level: one step learns every rank's length
+        and, when all are equal (the usual case), already carries the first piece into ``dst``; uneven rows take
+        a second call with their layout, into ``out`` where it has their shape."""
+        text, h, call, _ = known
+        native = self._host.native
+        lengths = self._on_host(native.allgather_equal, src, dst, call, text=text)
+        if lengths is True:
+            return dst
+        row_bytes = src.dtype.itemsize * int(np.prod(src.shape[1:], dtype=np.int64))
+        shape = (sum(n // row_bytes for n in lengths),) + src.shape[1:]
+        direct = out is not None and out.flags.c_contiguous and out.shape == shape
+        result = raw(out) if direct else np.empty(shape, src.dtype)
+        if direct and np.may_share_memory(result, src):
             src = src.copy()
-        native, timeout = self._host.native, self.options.timeout
-        with self.lock:
-            _, equal, lengths = self._on_host(native.allgather_equal, src.reshape(-1).view(np.uint8),
-                                              result.reshape(-1).view(np.uint8), h, timeout, call, text=call)
-            if not equal:
-                rows = [n // row_bytes for n in lengths]
-                shape = (sum(rows),) + a.shape[1:]
-                direct = out is not None and out.flags.c_contiguous and out.shape == shape
-                result = out if direct else np.empty(shape, a.dtype)
-                if direct and np.may_share_memory(result, src):
-                    src = src.copy()
-                offsets = np.cumsum([0] + lengths[:-1]).tolist()
-                self._on_host(native.allgather, src.reshape(-1).view(np.uint8), result.reshape(-1).view(np.uint8),
-                              offsets, lengths, h, timeout, call, text=call)
-        if out is not None and not direct:
-            if result.shape != out.shape:
-                raise DDLError(f"rank {self.rank}: out has shape {out.shape}; the gathered rows are {result.shape}")
-            np.copyto(out, result)
-            return out
+        offsets = np.cumsum([0] + lengths[:-1]).tolist()
+        self._on_host(native.allgather, src.reshape(-1).view(np.uint8), result.reshape(-1).view(np.uint8),
+                      offsets, lengths, h, self.options.timeout, text, text=text)
         return result
 
     def reduce_scatter(self, array, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
         """The reduction of every rank's ``array`` (same shape everywhere), scattered along the first axis:
         rank r gets the r-th of ``size`` parts as numpy.array_split makes them (the first ``len % size`` parts
         one row longer). Ops as allreduce's. With ``out`` (this rank's part's shape) the result lands there."""
+        if self._fast and type(array) is np.ndarray and array.flags.c_contiguous:  # the short path: a known call
+            known = self._calls.get(("reduce_scatter", array.shape, array.dtype, op))
+            if known is not None:
+                mine, prepared = known[3]
+                if self._host is None and out is None:  # one rank
+                    return self._alone_short(array, out)
+                dst = np.empty(mine, array.dtype) if out is None else out if (
+                    type(out) is np.ndarray and out.shape == mine and out.dtype == array.dtype
+                    and _writable_contiguous(out.flags) and not np.may_share_memory(out, array)) else None
+                if dst is not None:
+                    if self._host is None:
+                        return self._alone_short(array, dst)
+                    self._short(known[0], self._host.native.reduce_scatter, array, dst, prepared)
+                    return dst
         if devices.is_device_array(array):
             raise DDLError(f"rank {self.rank}: reduce_scatter takes host arrays (GPU arrays: allreduce)")
         self._after_submitted()
         a = np.asarray(array)
-        text, h, _ = self._call(("reduce_scatter", a.shape, a.dtype, op),
-                             lambda: f"reduce_scatter(shape={a.shape}, dtype={a.dtype}, op={op})")
         problem = "reduce_scatter needs at least one dimension (it splits along the first)" if a.ndim == 0 else None
         code = rop = None
         try:
             code, rop = native_dtype(a.dtype), native_op(op, a.dtype)
         except DDLError as e:
             problem = problem or str(e)
-        parts = np.array_split(np.arange(a.shape[0] if a.ndim else 0), self.size)
-        rows = [len(p) for p in parts]
+        rows = [len(p) for p in np.array_split(np.arange(a.shape[0] if a.ndim else 0), self.size)]
         row = int(np.prod(a.shape[1:], dtype=np.int64)) if a.ndim else 0
         mine = (rows[self.rank],) + a.shape[1:]
         if out is not None and problem is None:
             problem = _out_problem(out, np.empty(mine, a.dtype))
+        starts = (np.cumsum([0] + rows[:-1]) * row).tolist()
+        counts = [n * row for n in rows]
+        factor = 1.0 / self.size if op == "avg" else 1.0
+        text, h, _, (_, prepared) = self._call(
+            ("reduce_scatter", a.shape, a.dtype, op),
+            lambda: f"reduce_scatter(shape={a.shape}, dtype={a.dtype}, op={op})",
+            short=problem is None and a.dtype.isbuiltin == 1,
+            extra=lambda said, h: (mine, _native.HostReduceScatter(starts, counts, code, rop, factor, h,
+                                                                   self.options.timeout, said)
+                                   if problem is None and self._host is not None else None))
         if problem or self.size == 1 or self._host is None:
             with self.lock:
                 self.agree(text, problem)  # raises everywhere on a bad call; one rank: nothing to agree
@@ -739,12 +805,8 @@ class Communicator:
         src = np.ascontiguousarray(a)
         direct = out is not None and out.flags.c_contiguous and not np.may_share_memory(out, src)
         dst = out if direct else np.empty(mine, a.dtype)
-        starts = (np.cumsum([0] + rows[:-1]) * row).tolist()
-        counts = [n * row for n in rows]
-        factor = 1.0 / self.size if op == "avg" else 1.0
         with self.lock:
-            self._on_host(self._host.native.reduce_scatter, raw(src), raw(dst), starts, counts, code, rop, factor,
-                          h, self.options.timeout, text, text=text)
+            self._on_host(self._host.native.reduce_scatter, raw(src), raw(dst), prepared, text=text)
         return _deliver(dst, out, direct)
 
     def broadcast_bytes(self, data: bytes | None, root: int = 0) -> bytes:
@@ -768,8 +830,8 @@ class Communicator:
         if self.size > 1:
             with self.lock:
                 if self._host is not None:
-                    self._on_host(self._host.native.barrier, self._agreement.hash("barrier()"), self.options.timeout,
-                                  "barrier()", text="barrier()")
+                    self._on_host(self._host.native.barrier, self._call(("barrier",), lambda: "barrier()")[2],
+                                  text="barrier()")
                 else:
                     self._agreement.agree("barrier()", None)
 
@@ -835,6 +897,30 @@ def _is_rows_of(src: np.ndarray, result: np.ndarray, rank: int) -> bool:
     """Whether ``src`` is exactly rank ``rank``'s rows of ``result`` (an in-place allgather)."""
     part = result.reshape(-1).view(np.uint8)[rank * src.nbytes:(rank + 1) * src.nbytes]
     return src.nbytes == 0 or part.__array_interface__["data"][0] == src.__array_interface__["data"][0]
+
+
+def _short_out(array: np.ndarray, out) -> np.ndarray | None:
+    """Where a short path writes a result of ``array``'s shape and dtype: a new array, ``array`` itself (in
+    place), or ``out``; None where out needs the long path (its checks and errors)."""
+    if out is None:
+        return np.empty(array.shape, array.dtype)
+    if out is array:
+        return array if array.flags.writeable else None
+    if type(out) is np.ndarray and out.shape == array.shape and out.dtype == array.dtype \
+            and _writable_contiguous(out.flags):
+        return out
+    return None
+
+
+def _gathered_into(result: np.ndarray, out, rank: int) -> np.ndarray:
+    """allgather's answer: ``result``, or ``out`` filled from it (where the rows were uneven, or out was not the
+    shape of equal rows)."""
+    if out is None or result is out:
+        return result
+    if result.shape != out.shape:
+        raise DDLError(f"rank {rank}: out has shape {out.shape}; the gathered rows are {result.shape}")
+    np.copyto(out, result)
+    return out
 
 
 def _work_buffer(a: np.ndarray, out: np.ndarray | None) -> tuple[np.ndarray, bool]:

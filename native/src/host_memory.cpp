@@ -192,6 +192,7 @@ bool HostMemory::arrive(uint64_t s, int64_t value, HostCall& call) {
 
 bool HostMemory::allreduce(const void* src, void* dst, int64_t count, DType t, ReduceOp op, double factor,
                            size_t one_phase_bytes, HostCall& call) {
+  std::lock_guard<std::mutex> one_at_a_time(calls_);
   if (t == DType::uint8 && count > 0) throw std::invalid_argument("no reductions for uint8");  // before any step
   const size_t es = dtype_size(t);
   const auto* in = static_cast<const char*>(src);
@@ -243,6 +244,8 @@ bool HostMemory::allreduce(const void* src, void* dst, int64_t count, DType t, R
 }
 
 bool HostMemory::broadcast(void* buf, size_t nbytes, int root, HostCall& call) {
+  std::lock_guard<std::mutex> one_at_a_time(calls_);
+  if (root < 0 || root >= size_) throw std::invalid_argument("broadcast: root is not a rank of this group");
   auto* data = static_cast<char*>(buf);
   for (size_t off = 0; off < nbytes || off == 0; off += slot_) {
     const size_t c = std::min(slot_, nbytes - off);
@@ -260,8 +263,12 @@ bool HostMemory::allgather(const void* src, void* dst, const std::vector<int64_t
                            const std::vector<int64_t>& lengths, HostCall& call) {
   if (offsets.size() != static_cast<size_t>(size_) || lengths.size() != offsets.size())
     throw std::invalid_argument("allgather: one offset and one length per rank");
-  const auto* in = static_cast<const char*>(src);
-  auto* out = static_cast<char*>(dst);
+  std::lock_guard<std::mutex> one_at_a_time(calls_);
+  return gather_steps(static_cast<const char*>(src), static_cast<char*>(dst), offsets, lengths, call);
+}
+
+bool HostMemory::gather_steps(const char* in, char* out, const std::vector<int64_t>& offsets,
+                              const std::vector<int64_t>& lengths, HostCall& call) {
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
   const auto piece = [&](int r, int64_t lo) { return std::clamp<int64_t>(lengths[r] - lo, 0, static_cast<int64_t>(slot_)); };
   for (int64_t lo = 0; lo < longest || lo == 0; lo += static_cast<int64_t>(slot_)) {
@@ -281,6 +288,7 @@ bool HostMemory::allgather(const void* src, void* dst, const std::vector<int64_t
 
 bool HostMemory::allgather_equal(const void* src, void* dst, size_t nbytes, std::vector<int64_t>& lengths,
                                  bool* equal, HostCall& call) {
+  std::lock_guard<std::mutex> one_at_a_time(calls_);
   // The first step carries every rank's length with its first piece; with equal lengths it is the first step
   // of the gather itself, and the rest follows as allgather's.
   const auto* in = static_cast<const char*>(src);
@@ -306,12 +314,13 @@ bool HostMemory::allgather_equal(const void* src, void* dst, size_t nbytes, std:
   std::vector<int64_t> offsets(static_cast<size_t>(size_)), rest(static_cast<size_t>(size_), 0);
   for (int r = 0; r < size_; ++r) offsets[r] = static_cast<int64_t>(static_cast<size_t>(r) * nbytes + first);
   for (auto& n : rest) n = static_cast<int64_t>(nbytes - first);
-  return allgather(in + first, out, offsets, rest, call);
+  return gather_steps(in + first, out, offsets, rest, call);
 }
 
 bool HostMemory::reduce_scatter(const void* src, void* dst, const std::vector<int64_t>& starts,
                                 const std::vector<int64_t>& counts, DType t, ReduceOp op, double factor,
                                 HostCall& call) {
+  std::lock_guard<std::mutex> one_at_a_time(calls_);
   if (starts.size() != static_cast<size_t>(size_) || counts.size() != starts.size())
     throw std::invalid_argument("reduce_scatter: one start and one count per rank");
   if (t == DType::uint8) throw std::invalid_argument("no reductions for uint8");  // before any step
@@ -341,6 +350,7 @@ bool HostMemory::reduce_scatter(const void* src, void* dst, const std::vector<in
 }
 
 bool HostMemory::barrier(HostCall& call) {
+  std::lock_guard<std::mutex> one_at_a_time(calls_);
   const uint64_t s = open_step(call);
   if (!arrive(s, 0, call)) return false;
   close_step(s);

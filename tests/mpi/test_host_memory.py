@@ -117,6 +117,62 @@ def test_reduce_scatter_gives_each_rank_its_part(rows, op):
     np.testing.assert_allclose(out, want, rtol=1e-12)
 
 
+def test_repeated_calls_take_the_short_paths_with_every_form_of_out():
+    # the first call of a signature goes the long way and prepares it; the next ones take the short paths
+    x = values(RANK, 6).reshape(3, 2)
+    rows = [1 + r % 2 for r in range(SIZE)]
+    mine = values(RANK, rows[RANK] * 2).reshape(rows[RANK], 2)
+    uneven = np.concatenate([values(r, rows[r] * 2).reshape(rows[r], 2) for r in range(SIZE)])
+    whole = np.concatenate([values(r, 6).reshape(3, 2) for r in range(SIZE)])
+    part = np.array_split(total(6 * SIZE).reshape(3 * SIZE, 2), SIZE)[RANK]
+    big = values(RANK, 6 * SIZE).reshape(3 * SIZE, 2)
+    for _ in range(3):
+        for root in range(SIZE):
+            np.testing.assert_array_equal(ddl.broadcast(x, root), values(root, 6).reshape(3, 2))
+            out = np.zeros_like(x)
+            assert ddl.broadcast(x, root, out=out) is out
+            np.testing.assert_array_equal(out, values(root, 6).reshape(3, 2))
+            y = x.copy()
+            assert ddl.broadcast(y, root, out=y) is y
+            np.testing.assert_array_equal(y, values(root, 6).reshape(3, 2))
+        np.testing.assert_array_equal(ddl.allgather(x), whole)
+        out = np.zeros_like(whole)
+        assert ddl.allgather(x, out=out) is out
+        np.testing.assert_array_equal(out, whole)
+        out[:] = 0
+        out[3 * RANK:3 * RANK + 3] = x
+        assert ddl.allgather(out[3 * RANK:3 * RANK + 3], out=out) is out
+        np.testing.assert_array_equal(out, whole)
+        np.testing.assert_array_equal(ddl.allgather(mine), uneven)  # rows differ: a second step, short or not
+        out = np.zeros_like(uneven)
+        assert ddl.allgather(mine, out=out) is out
+        np.testing.assert_array_equal(out, uneven)
+        np.testing.assert_array_equal(ddl.reduce_scatter(big), part)
+        out = np.zeros_like(part)
+        assert ddl.reduce_scatter(big, out=out) is out
+        np.testing.assert_array_equal(out, part)
+        overlapping = big.copy()  # out inside the input: the long path copies first
+        got = ddl.reduce_scatter(overlapping, out=overlapping[1:1 + len(part)])
+        np.testing.assert_array_equal(got, part)
+        ddl.barrier()
+
+
+def test_bfloat16_moves_by_broadcast_and_allgather():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = np.arange(4, dtype=np.float32).astype(ml_dtypes.bfloat16) + RANK
+    for _ in range(2):
+        np.testing.assert_array_equal(ddl.broadcast(x, 0).astype(np.float32), np.arange(4, dtype=np.float32))
+        got = ddl.allgather(x).astype(np.float32)
+        np.testing.assert_array_equal(got, np.concatenate([np.arange(4, dtype=np.float32) + r for r in range(SIZE)]))
+
+
+def test_a_bad_root_is_refused_every_time():
+    for _ in range(2):  # a refused call is never a short path's
+        with pytest.raises(DDLError, match="root"):
+            ddl.broadcast(np.ones(3), SIZE)
+    np.testing.assert_array_equal(ddl.allreduce(values(RANK, 3)), total(3))
+
+
 def test_reduce_scatter_refuses_a_bad_call_on_every_rank():
     with pytest.raises(DDLError, match="avg"):
         ddl.reduce_scatter(np.ones(SIZE, np.int32), "avg")

@@ -12,9 +12,11 @@
 // Waits spin briefly, then yield (ranks may outnumber cores), read the clock now and then (the deadline) and
 // look at the awaited rank's process (a dead writer is named within a fraction of a second, not at the
 // deadline). After a failure the segment's counters are out of step: the group refuses every later call.
+// Each public call holds a mutex of this process's mapping: the callers need no lock of their own.
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -76,6 +78,8 @@ class HostMemory {
   Line& arrival(int r, uint64_t s) const { return arrive_[2 * r + (s & 1)]; }
   char* slot(int r, uint64_t s) const { return slots_ + (2 * static_cast<size_t>(r) + (s & 1)) * slot_; }
 
+  bool gather_steps(const char* in, char* out, const std::vector<int64_t>& offsets,
+                    const std::vector<int64_t>& lengths, HostCall& call);
   uint64_t open_step(HostCall& call);                    // waits until this rank's slot of the parity is free
   bool arrive(uint64_t s, int64_t value, HostCall& call);  // publishes, waits for all; false: hashes differ
   void publish(std::atomic<uint64_t>& line, uint64_t s) { line.store(s, std::memory_order_release); }
@@ -96,6 +100,7 @@ class HostMemory {
   uint64_t step_ = 0;
   int spins_ = 1;
   std::string broken_;
+  std::mutex calls_;  // one call at a time per process: threads of one rank may call without Python's lock
 };
 
 }  // namespace ddl
