@@ -672,15 +672,12 @@ class Communicator:
             known = self._calls.get(("allgather", array.shape, array.dtype))
             if known is not None:
                 gathered = known[3]
-                if self._host is None and out is None:  # one rank
+                fits = out is None or (type(out) is np.ndarray and out.shape == gathered
+                                       and out.dtype == array.dtype and _writable_contiguous(out.flags))
+                if fits and self._host is None:  # one rank
                     return self._alone_short(array, out)
-                dst = np.empty(gathered, array.dtype) if out is None else out if (
-                    type(out) is np.ndarray and out.shape == gathered and out.dtype == array.dtype
-                    and _writable_contiguous(out.flags)
-                    and (not np.may_share_memory(out, array) or _is_rows_of(array, out, self.rank))) else None
-                if dst is not None:
-                    if self._host is None:
-                        return self._alone_short(array, dst)
+                dst = np.empty(gathered, array.dtype) if out is None else out if fits else None
+                if dst is not None:  # (an out that overlaps the input: the native call copies the input first)
                     if self._worker is not None:
                         self._worker.drain()
                     return _gathered_into(self._host_allgather(array, dst, out, known), out, self.rank)
@@ -706,8 +703,6 @@ class Communicator:
             src = raw(np.ascontiguousarray(a))
             direct = out is not None and out.flags.c_contiguous and out.shape == gathered
             dst = raw(out if direct else np.empty(gathered, a.dtype))
-            if direct and np.may_share_memory(dst, src) and not _is_rows_of(src, dst, self.rank):
-                src = src.copy()
             with self.lock:
                 result = self._host_allgather(src, dst, out if direct else None, known)
             return _gathered_into(result.view(a.dtype), out, self.rank)
@@ -744,8 +739,6 @@ class Communicator:
         shape = (sum(n // row_bytes for n in lengths),) + src.shape[1:]
         direct = out is not None and out.flags.c_contiguous and out.shape == shape
         result = raw(out) if direct else np.empty(shape, src.dtype)
-        if direct and np.may_share_memory(result, src):
-            src = src.copy()
         offsets = np.cumsum([0] + lengths[:-1]).tolist()
         self._on_host(native.allgather, src.reshape(-1).view(np.uint8), result.reshape(-1).view(np.uint8),
                       offsets, lengths, h, self.options.timeout, text, text=text)
@@ -759,14 +752,12 @@ class Communicator:
             known = self._calls.get(("reduce_scatter", array.shape, array.dtype, op))
             if known is not None:
                 mine, prepared = known[3]
-                if self._host is None and out is None:  # one rank
+                fits = out is None or (type(out) is np.ndarray and out.shape == mine and out.dtype == array.dtype
+                                       and _writable_contiguous(out.flags))
+                if fits and self._host is None:  # one rank
                     return self._alone_short(array, out)
-                dst = np.empty(mine, array.dtype) if out is None else out if (
-                    type(out) is np.ndarray and out.shape == mine and out.dtype == array.dtype
-                    and _writable_contiguous(out.flags) and not np.may_share_memory(out, array)) else None
-                if dst is not None:
-                    if self._host is None:
-                        return self._alone_short(array, dst)
+                dst = np.empty(mine, array.dtype) if out is None else out if fits else None
+                if dst is not None:  # (an out that overlaps the input: the native call copies the input first)
                     self._short(known[0], self._host.native.reduce_scatter, array, dst, prepared)
                     return dst
         if devices.is_device_array(array):
@@ -779,7 +770,8 @@ class Communicator:
             code, rop = native_dtype(a.dtype), native_op(op, a.dtype)
         except DDLError as e:
             problem = problem or str(e)
-        rows = [len(p) for p in np.array_split(np.arange(a.shape[0] if a.ndim else 0), self.size)]
+        length = a.shape[0] if a.ndim else 0
+        rows = [length // self.size + (r < length % self.size) for r in range(self.size)]  # numpy.array_split's
         row = int(np.prod(a.shape[1:], dtype=np.int64)) if a.ndim else 0
         mine = (rows[self.rank],) + a.shape[1:]
         if out is not None and problem is None:
@@ -803,7 +795,7 @@ class Communicator:
             start = sum(rows[:self.rank])
             return _deliver(np.ascontiguousarray(whole[start:start + rows[self.rank]]), out, False)
         src = np.ascontiguousarray(a)
-        direct = out is not None and out.flags.c_contiguous and not np.may_share_memory(out, src)
+        direct = out is not None and out.flags.c_contiguous  # (the native call copies an overlapping input first)
         dst = out if direct else np.empty(mine, a.dtype)
         with self.lock:
             self._on_host(self._host.native.reduce_scatter, raw(src), raw(dst), prepared, text=text)
@@ -830,7 +822,7 @@ class Communicator:
         if self.size > 1:
             with self.lock:
                 if self._host is not None:
-                    self._on_host(self._host.native.barrier, self._call(("barrier",), lambda: "barrier()")[2],
+                    self._on_host(self._host.native.barrier, self._call(("barrier",), lambda: "barrier()", short=True)[2],
                                   text="barrier()")
                 else:
                     self._agreement.agree("barrier()", None)
@@ -891,12 +883,6 @@ def _gathered_out_problem(out, a: np.ndarray, size: int) -> str | None:
     if out.dtype != a.dtype or out.shape[1:] != a.shape[1:]:
         return f"out has shape {out.shape} and dtype {out.dtype}; the gathered rows are (*, {a.shape[1:]}), {a.dtype}"
     return None
-
-
-def _is_rows_of(src: np.ndarray, result: np.ndarray, rank: int) -> bool:
-    """Whether ``src`` is exactly rank ``rank``'s rows of ``result`` (an in-place allgather)."""
-    part = result.reshape(-1).view(np.uint8)[rank * src.nbytes:(rank + 1) * src.nbytes]
-    return src.nbytes == 0 or part.__array_interface__["data"][0] == src.__array_interface__["data"][0]
 
 
 def _short_out(array: np.ndarray, out) -> np.ndarray | None:

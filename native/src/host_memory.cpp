@@ -58,6 +58,15 @@ void share(int64_t n, int64_t unit, int parts, int r, int64_t* lo, int64_t* hi) 
   *hi = std::min(n, units * (r + 1) / parts * unit);
 }
 
+// The input itself, or a copy of it where the output overlaps it anywhere but at `same` (the output position the
+// input may be, in place): later steps read input the earlier ones would have overwritten.
+const char* unless_overlapping(const char* in, size_t in_bytes, const char* out, size_t out_bytes, const char* same,
+                               std::vector<char>& copy) {
+  if (in_bytes == 0 || in == same || !(in < out + out_bytes && out < in + in_bytes)) return in;
+  copy.assign(in, in + in_bytes);
+  return copy.data();
+}
+
 }  // namespace
 
 HostMemory::HostMemory(const std::string& name, bool create, int rank, int size, size_t slot_bytes,
@@ -206,11 +215,8 @@ bool HostMemory::allreduce(const void* src, void* dst, int64_t count, DType t, R
     for (int r = 1; r < size_ && count > 0; ++r) reduce_into(out, slot(r, s), count, t, op);
     close_step(s);
   } else {  // each rank reduces its slice in its own slot, then everyone copies every slice out
-    std::vector<char> copy;  // a destination that overlaps the source elsewhere would overwrite later steps' input
-    if (in != out && in < out + total && out < in + total) {
-      copy.assign(in, in + total);
-      in = copy.data();
-    }
+    std::vector<char> copy;
+    in = unless_overlapping(in, total, out, total, out, copy);
     const int64_t unit = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
     const int64_t per_step = static_cast<int64_t>(slot_ / es) / unit * unit;
     for (int64_t off = 0; off < count; off += per_step) {
@@ -264,7 +270,14 @@ bool HostMemory::allgather(const void* src, void* dst, const std::vector<int64_t
   if (offsets.size() != static_cast<size_t>(size_) || lengths.size() != offsets.size())
     throw std::invalid_argument("allgather: one offset and one length per rank");
   std::lock_guard<std::mutex> one_at_a_time(calls_);
-  return gather_steps(static_cast<const char*>(src), static_cast<char*>(dst), offsets, lengths, call);
+  const auto* in = static_cast<const char*>(src);
+  auto* out = static_cast<char*>(dst);
+  int64_t end = 0;
+  for (int r = 0; r < size_; ++r) end = std::max(end, offsets[r] + lengths[r]);
+  std::vector<char> copy;
+  in = unless_overlapping(in, static_cast<size_t>(lengths[rank_]), out, static_cast<size_t>(end),
+                          out + offsets[rank_], copy);
+  return gather_steps(in, out, offsets, lengths, call);
 }
 
 bool HostMemory::gather_steps(const char* in, char* out, const std::vector<int64_t>& offsets,
@@ -291,8 +304,10 @@ bool HostMemory::allgather_equal(const void* src, void* dst, size_t nbytes, std:
   std::lock_guard<std::mutex> one_at_a_time(calls_);
   // The first step carries every rank's length with its first piece; with equal lengths it is the first step
   // of the gather itself, and the rest follows as allgather's.
-  const auto* in = static_cast<const char*>(src);
   auto* out = static_cast<char*>(dst);
+  std::vector<char> copy;  // (in place: this rank's rows of dst are src)
+  const char* in = unless_overlapping(static_cast<const char*>(src), nbytes, out, nbytes * static_cast<size_t>(size_),
+                                      out + static_cast<size_t>(rank_) * nbytes, copy);
   const size_t first = std::min(nbytes, slot_);
   const uint64_t s = open_step(call);
   std::memcpy(slot(rank_, s), in, first);
@@ -325,10 +340,13 @@ bool HostMemory::reduce_scatter(const void* src, void* dst, const std::vector<in
     throw std::invalid_argument("reduce_scatter: one start and one count per rank");
   if (t == DType::uint8) throw std::invalid_argument("no reductions for uint8");  // before any step
   const size_t es = dtype_size(t);
-  const auto* in = static_cast<const char*>(src);
   auto* out = static_cast<char*>(dst);
   int64_t total = 0;
   for (int r = 0; r < size_; ++r) total = std::max(total, starts[r] + counts[r]);
+  std::vector<char> copy;  // (in place: dst is this rank's part of src)
+  const char* in = unless_overlapping(static_cast<const char*>(src), static_cast<size_t>(total) * es, out,
+                                      static_cast<size_t>(counts[rank_]) * es,
+                                      out - static_cast<size_t>(starts[rank_]) * es, copy);
   const int64_t per_step = static_cast<int64_t>(slot_ / es);
   const int64_t lo = starts[rank_], hi = starts[rank_] + counts[rank_];
   for (int64_t off = 0; off < total || off == 0; off += per_step) {

@@ -143,6 +143,10 @@ def test_repeated_calls_take_the_short_paths_with_every_form_of_out():
         out[3 * RANK:3 * RANK + 3] = x
         assert ddl.allgather(out[3 * RANK:3 * RANK + 3], out=out) is out
         np.testing.assert_array_equal(out, whole)
+        out[:] = 0
+        out[:3] = x  # the input at rank 0's rows of out: in place on rank 0, overlapping elsewhere on the others
+        assert ddl.allgather(out[:3], out=out) is out
+        np.testing.assert_array_equal(out, whole)
         np.testing.assert_array_equal(ddl.allgather(mine), uneven)  # rows differ: a second step, short or not
         out = np.zeros_like(uneven)
         assert ddl.allgather(mine, out=out) is out
