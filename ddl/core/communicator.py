@@ -515,8 +515,9 @@ class Communicator:
         return out
 
     def _on_host(self, collective, *args, text: str):
-        """Runs one of the host memory level's collectives (the caller holds ``lock``); a mismatch raises the
-        same MismatchError on every rank, a failure is named as the executor's are."""
+        """Runs one of the host memory level's collectives (the long paths hold ``lock``; the short ones need not,
+        the segment takes one call at a time); a mismatch raises the same MismatchError on every rank, a failure
+        is named as the executor's are."""
         try:
             agreed = collective(*args)
         except DDLError as e:
@@ -705,7 +706,8 @@ class Communicator:
             dst = raw(out if direct else np.empty(gathered, a.dtype))
             with self.lock:
                 result = self._host_allgather(src, dst, out if direct else None, known)
-            return _gathered_into(result.view(a.dtype), out, self.rank)
+            # (a raw view of bfloat16 is seen as such again; any other result is out itself where it landed there)
+            return _gathered_into(result if result.dtype == a.dtype else result.view(a.dtype), out, self.rank)
         rows = np.zeros(self.size, dtype=np.int64)
         rows[self.rank] = a.shape[0] if a.ndim else 0
         with self.lock:
