@@ -27,8 +27,8 @@ from ..planner import Plan, Shape, choose, label, latency_phases, pipelined, pre
 from ..planner.programs import round_phases
 from ..planner.explain import Explanation, explain
 from ..planner.sources import choose_tree
-from ..schedule.algorithms import binomial_broadcast, ring_allgather
-from ..schedule.compile import CompiledPipeline, compile_blocks, native_program
+from ..planner.per_level import broadcast_program, grid_of, scatter_algorithms
+from ..schedule.compile import CompiledPipeline, compile_blocks
 from ..topology import discover
 from ..units import format_size
 from ..topology.switches import switch_levels
@@ -39,6 +39,7 @@ from .agreement import CAPACITY, Agreement, hash64
 from .diagnostics import CallTimer, check_against_mpi
 from .dtypes import native_dtype, native_op, raw
 from .packing import pack_groups
+from .parts import PartsPlan, parts_plan
 from .plans import PlanCache
 
 _BYTE = _native.DType.uint8
@@ -95,6 +96,7 @@ class Communicator:
         self.tree, self.levels, self.topology, self._forced = choice.tree, choice.levels, choice.topology, choice.forced
         self.tree_source = choice.source
         self.hierarchy = self.tree if hierarchical.depth(self.tree) >= 2 else None
+        self._grid = grid_of(self.tree)  # the ranks as coordinates: what broadcast, allgather, reduce_scatter follow
         self._algos = tuple(o.algo.split(","))
         self._small = min(o.small_bytes, CAPACITY)
         self._chosen: dict[int, Plan] = {}
@@ -353,6 +355,18 @@ class Communicator:
                                   tuple(round_phases(choice)))
 
         return self._plans.get(("allreduce", count, itemsize), build)
+
+    def parts_plan(self, half: str, counts: list[int], itemsize: int) -> PartsPlan:
+        """This rank's plan for a reduce-scatter (``half`` "reduce_scatter") or allgather of parts ``counts``
+        (elements of ``itemsize`` bytes, in rank order), per level as the allreduce of as many bytes is."""
+        def build():
+            total = sum(counts) * itemsize
+            choice = self.plan_for(total)
+            algorithms = scatter_algorithms(self._grid, choice.algorithms, choice.shape == "latency")
+            return parts_plan(self.rank, self._grid, algorithms, counts, max(1, choice.block_bytes // itemsize),
+                              choice.inflight, half)
+
+        return self._plans.get((half, tuple(counts), itemsize), build)
 
     def explain(self, nbytes: int) -> Explanation:
         """What an allreduce of ``nbytes`` would do here: levels, groups, algorithms, bytes per link kind,
@@ -658,8 +672,8 @@ class Communicator:
             self._agreement.agree(call, problem)
             block = self.options.segment or default_block_bytes(data.size)
             plan = self._plans.get(("broadcast", data.size, root), lambda: compile_blocks(
-                lambda n: binomial_broadcast(self.rank, self.size, n, root), data.size, block,
-                self.options.inflight or 2, "binomial"))
+                lambda n: broadcast_program(self.rank, self._grid, n, root), data.size, block,
+                self.options.inflight or 2, "binomial per level" if len(self._grid.sizes) > 1 else "binomial"))
             self.execute(plan, data, _native.RunOptions(_BYTE, _SUM, self.options.timeout, call))
         return _deliver(result, out, direct)
 
@@ -716,16 +730,12 @@ class Communicator:
             else:
                 self._agreement.agree(call, problem)
                 self._run_allreduce(rows, _native.DType.int64, _SUM, call)
-            ends = np.cumsum(rows) * row_bytes
-            layout = tuple((int(e - n * row_bytes), int(n * row_bytes)) for e, n in zip(ends, rows))
             result = np.empty((int(rows.sum()),) + a.shape[1:], dtype=a.dtype)
             data = result.reshape(-1).view(np.uint8)
-            off, n = layout[self.rank]
-            data[off:off + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-            plan = self._plans.get(("allgather", layout), lambda: CompiledPipeline(
-                _native.Pipeline([native_program(ring_allgather(self.rank, self.size, layout))],
-                                 np.zeros((1, 2), np.int64), 1), "ring", data.size, data.size, 1, 1))
-            self.execute(plan, data, _native.RunOptions(_BYTE, _SUM, self.options.timeout, call))
+            counts = [int(n) * row_bytes for n in rows]
+            mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+            self._run_parts("allgather", counts, 1, mine, data, _native.RunOptions(_BYTE, _SUM, self.options.timeout,
+                                                                                    call))
         return _gathered_into(result, out, self.rank)
 
     def _host_allgather(self, src: np.ndarray, dst: np.ndarray, out, known: tuple) -> np.ndarray:
@@ -788,20 +798,51 @@ class Communicator:
             extra=lambda said, h: (mine, _native.HostReduceScatter(starts, counts, code, rop, factor, h,
                                                                    self.options.timeout, said)
                                    if problem is None and self._host is not None else None))
-        if problem or self.size == 1 or self._host is None:
+        if problem or self.size == 1:
             with self.lock:
                 self.agree(text, problem)  # raises everywhere on a bad call; one rank: nothing to agree
-            # Off the host level: ddl's allreduce, then this rank's rows (a planned reduce-scatter per level
-            # would carry a size-th of it over the slower levels: not done yet).
-            whole = self.allreduce(a, op)
-            start = sum(rows[:self.rank])
-            return _deliver(np.ascontiguousarray(whole[start:start + rows[self.rank]]), out, False)
+            return _deliver(np.ascontiguousarray(self.allreduce(a, op)), out, False)
+        if self._host is None:  # planned per level: slow links carry only this rank's share, reduced below them
+            direct = out is not None and out.flags.c_contiguous
+            dst = out if direct else np.empty(mine, a.dtype)
+            whole = raw(np.ascontiguousarray(a)).reshape(-1)
+            with self.lock:
+                self.agree(text, problem)
+                self._run_parts("reduce_scatter", counts, a.dtype.itemsize, whole, raw(dst).reshape(-1),
+                                _native.RunOptions(code, rop, self.options.timeout, text, factor=factor))
+            return _deliver(dst, out, direct)
         src = np.ascontiguousarray(a)
         direct = out is not None and out.flags.c_contiguous  # (the native call copies an overlapping input first)
         dst = out if direct else np.empty(mine, a.dtype)
         with self.lock:
             self._on_host(self._host.native.reduce_scatter, raw(src), raw(dst), prepared, text=text)
         return _deliver(dst, out, direct)
+
+    def _run_parts(self, half: str, counts: list[int], itemsize: int, src: np.ndarray, dst: np.ndarray,
+                   options) -> None:
+        """A planned reduce-scatter (``src``: the whole flat input, ``dst``: this rank's part) or allgather
+        (``src``: this rank's part, ``dst``: every part in rank order) through a staged buffer (ddl.core.parts).
+        The caller holds ``lock`` and has agreed."""
+        plan = self.parts_plan(half, counts, itemsize)
+        if plan.extent == 0:
+            return
+        starts = np.cumsum([0] + counts[:-1]).tolist()
+        if half == "allgather":
+            staged = dst if plan.in_rank_order else plan.staged(dst.dtype)
+            plan.put(staged, self.rank, src)
+            self.execute(plan.compiled, staged, options)
+            if staged is not dst:
+                for r, (at, n) in enumerate(zip(starts, counts)):
+                    plan.take(staged, r, dst[at:at + n])
+            return
+        if plan.in_rank_order:
+            staged = src.copy()
+        else:
+            staged = plan.staged(src.dtype)
+            for r, (at, n) in enumerate(zip(starts, counts)):
+                plan.put(staged, r, src[at:at + n])
+        self.execute(plan.compiled, staged, options)
+        plan.take(staged, self.rank, dst)
 
     def broadcast_bytes(self, data: bytes | None, root: int = 0) -> bytes:
         """Root's bytes on every rank, whatever their length (it travels first); ``data`` is read on root only.

@@ -86,7 +86,7 @@ def _rank_steps(me: int, tree, lvl: int, lo: int, count: int, ctx: _Context, out
     g, i = len(group), group.index(me)
     bounds = ctx.bounds(count, g)
     algo = effective_algorithm(ctx.algorithms[lvl], g)
-    _scatter_gather(i, group, bounds, algo, lo, ctx.rs_start[lvl], ctx.ag_start[lvl], lvl, out)
+    scatter_gather(i, group, bounds, algo, lo, ctx.rs_start[lvl], ctx.ag_start[lvl], lvl, out)
     mine_lo, mine_hi = bounds[i], bounds[i + 1]
     if mine_hi == mine_lo:
         return
@@ -98,7 +98,7 @@ def _rank_steps(me: int, tree, lvl: int, lo: int, count: int, ctx: _Context, out
         _rank_steps(me, _owners(tree, a, count, ctx), lvl + 1, lo + a, b - a, ctx, out)
 
 
-def _scatter_gather(i, group, bounds, algo, lo, rs0, ag0, lvl, out) -> None:
+def scatter_gather(i, group, bounds, algo, lo, rs0, ag0, lvl, out) -> None:
     """Reduce-scatter within the group so member i ends owning share i (bounds[i]..bounds[i+1]), at rounds
     from rs0; the mirror allgather at rounds from ag0."""
     g = len(group)
@@ -156,7 +156,7 @@ def _owners(tree, offset: int, count: int, ctx: _Context):
 
 def _direct_allreduce(rank: int, p: int, count: int) -> Program:
     out: list[Step] = []
-    _scatter_gather(rank, list(range(p)), shares(count, p), "direct", 0, 0, 1, 0, out)
+    scatter_gather(rank, list(range(p)), shares(count, p), "direct", 0, 0, 1, 0, out)
     return Program(rank, number_tags(out), 2 if p > 1 else 0)
 
 

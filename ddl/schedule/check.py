@@ -6,7 +6,8 @@ receives are applied when the round ends; a reduce must add contributions not al
 once); a copy replaces. A message carries a range to the same range on the receiver.
 
 Postconditions: allreduce, every rank holds every contribution in every element; broadcast, every rank holds
-the root's; allgather, piece j of the layout holds exactly rank j's input on every rank.
+the root's; allgather, piece j of the layout holds exactly rank j's input on every rank; reduce_scatter, rank j
+holds every contribution in piece j (what it holds elsewhere is scratch).
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def _initial_state(schedule: Schedule, cells: _Cells) -> list[list[int]]:
     """Per rank and cell, the bitmask of ranks whose input it holds before round 0."""
     state = []
     for r in range(schedule.nranks):
-        if schedule.collective is Collective.ALLREDUCE:
+        if schedule.collective in (Collective.ALLREDUCE, Collective.REDUCE_SCATTER):
             state.append([1 << r] * cells.count)
         elif schedule.collective is Collective.BROADCAST:
             state.append([1 << r if r == schedule.root else 0] * cells.count)
@@ -131,7 +132,8 @@ def _apply_round(rnd: int, steps, state: list[list[int]], cells: _Cells) -> None
 def _verify_end(schedule: Schedule, state: list[list[int]], cells: _Cells) -> None:
     full = (1 << schedule.nranks) - 1
     for r in range(schedule.nranks):
-        for c in range(cells.count):
+        mine = cells.of(*schedule.layout[r]) if schedule.collective is Collective.REDUCE_SCATTER else None
+        for c in mine if mine is not None else range(cells.count):
             want = _expected(schedule, cells.bounds, c, full)
             if state[r][c] != want:
                 raise ScheduleError(f"rank {r} ends with contributions {_ranks(state[r][c])} in elements "
@@ -139,7 +141,7 @@ def _verify_end(schedule: Schedule, state: list[list[int]], cells: _Cells) -> No
 
 
 def _expected(schedule: Schedule, bounds: list[int], c: int, full: int) -> int:
-    if schedule.collective is Collective.ALLREDUCE:
+    if schedule.collective in (Collective.ALLREDUCE, Collective.REDUCE_SCATTER):
         return full
     if schedule.collective is Collective.BROADCAST:
         return 1 << schedule.root

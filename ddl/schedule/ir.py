@@ -31,6 +31,7 @@ class Collective(str, Enum):
     ALLREDUCE = "allreduce"
     BROADCAST = "broadcast"
     ALLGATHER = "allgather"
+    REDUCE_SCATTER = "reduce_scatter"
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ class Schedule:
     """Every rank's program for one collective on ``count`` elements.
 
     ``layout`` describes where each rank's input lives: for allreduce and broadcast every rank holds the whole
-    range; for allgather rank r contributes the range ``layout[r]`` = (offset, count).
+    range; for allgather rank r contributes the range ``layout[r]`` = (offset, count); for reduce_scatter every
+    rank holds the whole range and rank r's result is the range ``layout[r]``.
     """
 
     collective: Collective

@@ -287,6 +287,32 @@ def test_hierarchical_allreduce(which, dtype):
         comm.close()
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("which", [0, 1])
+def test_every_collective_per_level(which):
+    """reduce_scatter, allgather and broadcast over MPI with a hierarchy (the host memory level is off): the
+    plans of ddl.planner.per_level, pipelined in blocks, against numpy."""
+    if which >= len(trees()):
+        pytest.skip("needs 4 ranks")
+    opts = replace(ddl.communicator().options, small_bytes=0, segment=64 << 10, inflight=2)
+    comm = Communicator.from_mpi(COMM, opts, hierarchy=trees()[which])
+    try:
+        assert not comm.host_level
+        for n in (SIZE, 10007 * SIZE + 3):
+            x = contribution(RANK, n, np.float32, "sum")
+            whole = np.sum([contribution(r, n, np.float64, "sum") for r in range(SIZE)], axis=0)
+            got = comm.reduce_scatter(x, "sum")
+            np.testing.assert_array_equal(got, np.array_split(whole, SIZE)[RANK].astype(np.float32))
+            rows = np.full((RANK % 3 + n // SIZE, 2), RANK, np.int32)
+            expected_rows = np.concatenate([np.full((r % 3 + n // SIZE, 2), r, np.int32) for r in range(SIZE)])
+            np.testing.assert_array_equal(comm.allgather(rows), expected_rows)
+            root = SIZE - 1
+            np.testing.assert_array_equal(comm.broadcast(contribution(RANK, n, np.float64, "sum"), root),
+                                          contribution(root, n, np.float64, "sum"))
+    finally:
+        comm.close()
+
+
 @pytest.mark.mpi(min_size=4)
 def test_ibm_mode_dims_plan_a_hierarchy():
     if SIZE % 2:

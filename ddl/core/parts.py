@@ -1,0 +1,100 @@
+"""A reduce-scatter's or an allgather's buffer, staged for the plans of ddl.planner.per_level: the parts in
+position order, cut into pipeline blocks.
+
+Block b holds the b-th piece of every part, in position order, each piece ``piece`` elements long; a part
+shorter than the others is padded at its end (a few elements: pieces are its length over the blocks, rounded
+up). So every block has the same layout and runs one program, and the levels pipeline over the blocks like an
+allreduce's. Staging costs a copy of the buffer in memory; the links carry nothing extra.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _native
+from ..planner.per_level import Grid, scatter_program
+from ..planner.model import level_rounds
+from ..schedule.compile import CompiledPipeline, native_program
+
+
+@dataclass(frozen=True)
+class PartsPlan:
+    """One rank's compiled pipeline for a reduce-scatter or allgather of parts ``counts`` (elements, rank
+    order), and where each rank's part sits in the staged buffer."""
+
+    compiled: CompiledPipeline
+    counts: tuple[int, ...]
+    positions: tuple[int, ...]   # rank -> position
+    nblocks: int
+    piece: int                   # elements of one part in one block
+
+    @property
+    def algorithm(self) -> str:
+        return self.compiled.algorithm
+
+    @property
+    def block_elems(self) -> int:
+        return self.compiled.block_elems
+
+    @property
+    def inflight(self) -> int:
+        return self.compiled.inflight
+
+    @property
+    def extent(self) -> int:
+        return self.nblocks * len(self.counts) * self.piece
+
+    @property
+    def padded(self) -> bool:
+        return any(c != self.nblocks * self.piece for c in self.counts)
+
+    @property
+    def in_rank_order(self) -> bool:
+        """Whether the staged buffer is the parts concatenated in rank order (one block, no padding, positions
+        the ranks): then the caller's own buffer can be the staged one."""
+        return self.nblocks == 1 and not self.padded and self.positions == tuple(range(len(self.counts)))
+
+    def staged(self, dtype) -> np.ndarray:
+        return (np.zeros if self.padded else np.empty)(self.extent, dtype)
+
+    def _pieces(self, staged: np.ndarray, rank: int) -> np.ndarray:
+        """Rank ``rank``'s pieces: a (blocks, piece) view of the staged buffer."""
+        return staged.reshape(self.nblocks, len(self.counts), self.piece)[:, self.positions[rank], :]
+
+    def put(self, staged: np.ndarray, rank: int, part: np.ndarray) -> None:
+        """Writes ``part`` (rank ``rank``'s, flat) into its pieces."""
+        pieces, full, rest = self._pieces(staged, rank), *divmod(self.counts[rank], self.piece or 1)
+        pieces[:full] = part[:full * self.piece].reshape(full, self.piece)
+        if rest:
+            pieces[full, :rest] = part[full * self.piece:]
+
+    def take(self, staged: np.ndarray, rank: int, part: np.ndarray) -> None:
+        """Reads rank ``rank``'s pieces back into ``part`` (flat)."""
+        pieces, full, rest = self._pieces(staged, rank), *divmod(self.counts[rank], self.piece or 1)
+        part[:full * self.piece].reshape(full, self.piece)[...] = pieces[:full]
+        if rest:
+            part[full * self.piece:] = pieces[full, :rest]
+
+
+def parts_plan(rank: int, grid: Grid, algorithms: tuple[str, ...], counts: list[int], block_elems: int,
+               inflight: int, half: str) -> PartsPlan:
+    """The plan for ``half`` ("reduce_scatter" or "allgather") of parts ``counts`` (elements, rank order),
+    pipelined in blocks of about ``block_elems`` elements (every part's piece together)."""
+    p = grid.nranks
+    longest = max(counts)
+    nblocks = max(1, -(-longest * p // max(1, block_elems)))
+    nblocks = min(nblocks, max(1, longest))
+    piece = -(-longest // nblocks)
+    program = scatter_program(rank, grid, algorithms, [k * piece for k in range(p + 1)], half)
+    blocks = np.array([(b * p * piece, 0) for b in range(nblocks)], np.int64).reshape(-1, 2)
+    native = _native.Pipeline([native_program(program)], blocks, inflight)
+    what = "reduce-scatter" if half == "reduce_scatter" else "allgather"
+    levels = range(len(grid.sizes)) if half == "reduce_scatter" else reversed(range(len(grid.sizes)))
+    phases = tuple((lvl, what) for lvl in levels for _ in range(level_rounds(algorithms[lvl], grid.sizes[lvl])))
+    name = f"{what} per level({','.join(algorithms)})"
+    compiled = CompiledPipeline(native, name, nblocks * p * piece, p * piece, nblocks, inflight, phases)
+    positions = [0] * p
+    for k, r in enumerate(grid.order):
+        positions[r] = k
+    return PartsPlan(compiled, tuple(counts), tuple(positions), nblocks, piece)

@@ -1,0 +1,203 @@
+"""Reduce-scatter, allgather and broadcast planned per level (ddl.planner.per_level): every plan passes the
+symbolic checker (fixed trees x every algorithm per level x even and uneven parts, the machines of topology/);
+slow links carry only reduced shares; and the collectives give numpy's answers over the loopback transport
+with hierarchies (threads as ranks; pipelined blocks, padding, uneven rows)."""
+import itertools
+import random
+from dataclasses import replace
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ddl import _native, planner, topology
+from ddl.core.communicator import Communicator
+from ddl.planner.per_level import broadcast_program, grid_of, scatter_algorithms, scatter_program
+from ddl.schedule import Collective, Op, Schedule
+from ddl.schedule.check import ScheduleError, check
+from ddl.topology.tree import normalize
+from test_loopback import BASE, spawn_on
+
+TREES = [
+    [[0, 1, 2], [3, 4, 5]],                          # two even nodes
+    [[0, 1, 2], [3, 4], [5]],                        # uneven nodes: one flat level in tree order
+    [[0, 2, 4], [1, 3, 5]],                          # round-robin placement
+    [[[0, 1], [2, 3]], [[4, 5], [6]]],               # uneven racks
+    [[[0, 1], [2, 3]], [[4, 5], [6, 7]]],            # even racks: three levels
+    [[0, 4], [1, 5], [2, 6], [3, 7]],                # four nodes of two
+    [[0, 1, 2, 3], [4, 5, 6, 7]],                    # powers of two (halving runs)
+    list(range(5)),                                  # flat
+]
+ALGORITHMS = ("ring", "rabenseifner", "direct")
+
+
+def layout_of(grid, parts):
+    """(bounds in position order, layout per rank) of parts given in rank order."""
+    bounds = [0]
+    for r in grid.order:
+        bounds.append(bounds[-1] + parts[r])
+    where = {r: k for k, r in enumerate(grid.order)}
+    return bounds, tuple((bounds[where[r]], parts[r]) for r in range(grid.nranks))
+
+
+def scatter_schedule(grid, algorithms, parts, half):
+    bounds, layout = layout_of(grid, parts)
+    coll = Collective.REDUCE_SCATTER if half == "reduce_scatter" else Collective.ALLGATHER
+    programs = tuple(scatter_program(r, grid, algorithms, bounds, half) for r in range(grid.nranks))
+    return Schedule(coll, "per level", grid.nranks, bounds[-1], programs, 0, layout)
+
+
+@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("half", ["reduce_scatter", "allgather"])
+def test_every_algorithm_per_level_passes_the_checker(tree, half):
+    grid = grid_of(normalize(tree))
+    rng = random.Random(len(tree))
+    p = grid.nranks
+    for algorithms in itertools.product(ALGORITHMS, repeat=len(grid.sizes)):
+        for parts in ([3] * p, [rng.randint(0, 4) for _ in range(p)], [0] * p, [1] + [0] * (p - 1)):
+            check(scatter_schedule(grid, algorithms, parts, half))
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_broadcasts_from_every_root_pass_the_checker(tree):
+    grid = grid_of(normalize(tree))
+    p = grid.nranks
+    for root in range(p):
+        for n in (0, 1, 7):
+            check(Schedule(Collective.BROADCAST, "binomial per level", p, n,
+                           tuple(broadcast_program(r, grid, n, root) for r in range(p)), root))
+
+
+@pytest.mark.parametrize("name", [m for m in topology.library() if m not in ("summit", "dgx-h100-superpod")])
+def test_the_machines_plans_pass_the_checker(name):
+    t = topology.load(name)
+    p = t.capacity()
+    tree, levels = t.hierarchy(t.place(None, p))
+    grid = grid_of(tree)
+    for nbytes in (8, 1 << 20):
+        plan = planner.choose(tree, levels, nbytes)
+        algorithms = scatter_algorithms(grid, plan.algorithms, plan.shape == "latency")
+        for half in ("reduce_scatter", "allgather"):
+            check(scatter_schedule(grid, algorithms, [5] * p, half))
+    check(Schedule(Collective.BROADCAST, "b", p, 3, tuple(broadcast_program(r, grid, 3, p - 1) for r in range(p)),
+                   p - 1))
+
+
+def test_the_checker_refuses_a_reduce_scatter_that_misses_a_contribution():
+    grid = grid_of(normalize([[0, 1], [2, 3]]))
+    good = scatter_schedule(grid, ("ring", "ring"), [2] * 4, "reduce_scatter")
+    programs = list(good.programs)
+    programs[3] = replace(programs[3], steps=())  # rank 3 sends and receives nothing
+    with pytest.raises(ScheduleError):
+        check(replace(good, programs=tuple(programs)))
+
+
+def test_only_reduced_shares_cross_nodes():
+    """Two nodes of four: each rank sends (g-1)/g of the buffer inside its node and 1/g of its share's half,
+    i.e. 1/8 of the buffer, to the other node (a flat ring would send 7/8 around a ring crossing nodes)."""
+    tree = normalize([[0, 1, 2, 3], [4, 5, 6, 7]])
+    grid = grid_of(tree)
+    parts = [10] * 8
+    for half in ("reduce_scatter", "allgather"):
+        sched = scatter_schedule(grid, ("ring", "ring"), parts, half)
+        for prog in sched.programs:
+            node = prog.rank // 4
+            across = sum(s.count for s in prog.steps if s.op is Op.SEND and s.peer // 4 != node)
+            inside = sum(s.count for s in prog.steps if s.op is Op.SEND and s.peer // 4 == node)
+            assert (across, inside) == (10, 60)
+
+
+def test_broadcast_crosses_the_top_level_once_per_node():
+    tree = normalize([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]])
+    grid = grid_of(tree)
+    for root in (0, 6):
+        crossing = [s for r in range(16) for s in broadcast_program(r, grid, 5, root).steps
+                    if s.op is Op.SEND and s.peer // 4 != r // 4]
+        assert len(crossing) == 3  # one copy into each of the other three nodes
+
+
+def test_positions_follow_the_coordinates():
+    grid = grid_of(normalize([[0, 1, 2], [3, 4, 5]]))
+    assert grid.sizes == (3, 2) and grid.order == (0, 3, 1, 4, 2, 5)
+    uneven = grid_of(normalize([[0, 1, 2], [3, 4], [5]]))
+    assert uneven.sizes == (6,) and uneven.order == (0, 1, 2, 3, 4, 5) and not uneven.even
+
+
+# -- the collectives over loopback threads with hierarchies ----------------------------------------------------
+
+LOOPBACK_TREES = [
+    [[0, 1, 2], [3, 4, 5]],
+    [[0, 1, 2], [3, 4], [5]],
+    [[0, 2, 4], [1, 3, 5]],
+    [[[0, 1], [2]], [[3, 4], [5]]],
+]
+
+
+def comms_on(tree, **options):
+    opts = replace(BASE, small_bytes=0, **options)
+    hub = _native.LoopbackHub(6)
+    return [Communicator.loopback(hub, r, opts, hierarchy=tree) for r in range(6)]
+
+
+def run_all(comms, fn):
+    results, errors = spawn_on(comms, fn)
+    assert errors == [None] * len(comms)
+    return results
+
+
+def values(rank, shape, dtype):
+    return ((np.arange(int(np.prod(shape))) * 7 + rank * 3) % 11 - 5).reshape(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("tree", LOOPBACK_TREES)
+@pytest.mark.parametrize("segment", [None, 4096])  # one block; many blocks (pipelined, pieces padded)
+def test_reduce_scatter_per_level_gives_numpys_sums(tree, segment):
+    comms = comms_on(tree, segment=segment)
+    cases = [((6, 3), np.float32, "sum"), ((7001,), np.float64, "sum"), ((1000, 5), np.int32, "max"),
+             ((13, 2), np.float32, "avg"), ((4,), np.int64, "sum"), ((2049,), ml_dtypes.bfloat16, "sum")]
+    results = run_all(comms, lambda c: [c.reduce_scatter(values(c.rank, s, d), op) for s, d, op in cases])
+    for shape, dtype, op in cases:
+        stack = np.stack([values(r, shape, np.float64) for r in range(6)])
+        whole = {"sum": stack.sum(0), "max": stack.max(0), "avg": stack.mean(0)}[op]
+        for r, part in enumerate(np.array_split(whole, 6)):
+            got = results[r][cases.index((shape, dtype, op))]
+            assert got.dtype == dtype and got.shape == part.shape
+            np.testing.assert_allclose(got.astype(np.float64), part.astype(dtype).astype(np.float64), rtol=1e-6)
+
+
+@pytest.mark.parametrize("tree", LOOPBACK_TREES)
+@pytest.mark.parametrize("segment", [None, 4096])
+def test_allgather_per_level_with_uneven_rows(tree, segment):
+    comms = comms_on(tree, segment=segment)
+
+    def body(c):
+        even = c.allgather(values(c.rank, (1000, 3), np.float32))
+        uneven = c.allgather(np.full((c.rank % 3, 2), c.rank, np.int16))
+        out = np.empty((6 * 40,), np.float64)
+        into = c.allgather(values(c.rank, (40,), np.float64), out=out)
+        return even, uneven, into is out and out
+
+    results = run_all(comms, body)
+    even = np.concatenate([values(r, (1000, 3), np.float32) for r in range(6)])
+    uneven = np.concatenate([np.full((r % 3, 2), r, np.int16) for r in range(6)])
+    into = np.concatenate([values(r, (40,), np.float64) for r in range(6)])
+    for r in range(6):
+        np.testing.assert_array_equal(results[r][0], even)
+        np.testing.assert_array_equal(results[r][1], uneven)
+        np.testing.assert_array_equal(results[r][2], into)
+
+
+@pytest.mark.parametrize("tree", LOOPBACK_TREES)
+def test_broadcast_per_level_from_every_root(tree):
+    comms = comms_on(tree, segment=4096)
+    results = run_all(comms, lambda c: [c.broadcast(values(c.rank, (3001,), np.float32), root) for root in range(6)])
+    for r in range(6):
+        for root in range(6):
+            np.testing.assert_array_equal(results[r][root], values(root, (3001,), np.float32))
+
+
+def test_reduce_scatter_plans_follow_the_levels():
+    comms = comms_on([[0, 1, 2], [3, 4, 5]])
+    plan = comms[0].parts_plan("reduce_scatter", [1000] * 6, 4)
+    assert plan.algorithm.startswith("reduce-scatter per level(") and plan.positions == (0, 2, 4, 1, 3, 5)
+    assert {lvl for lvl, _ in plan.compiled.phases} == {0, 1}
