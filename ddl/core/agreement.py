@@ -60,16 +60,16 @@ class Agreement:
                                   **extra)
 
     def agree(self, call: str, problem: str | None, work: np.ndarray | None = None,
-              dtype=_native.DType.uint8, op=_native.ReduceOp.sum) -> None:
-        """The round, reducing ``work`` (None: no payload) in it. Raises on every rank if ranks disagree, or
-        if they all agree on the same invalid call."""
+              dtype=_native.DType.uint8, op=_native.ReduceOp.sum, factor: float = 1.0) -> None:
+        """The round, reducing ``work`` (None: no payload; scaled by ``factor`` once reduced) in it. Raises on
+        every rank if ranks disagree, or if they all agree on the same invalid call."""
         text = problem or call
         work = np.empty(0, np.uint8) if work is None else work
         if self.host is not None:
-            agreed = self.host.native.allreduce(raw(work), raw(work), dtype, op, 1.0, work.nbytes, self.hash(text),
-                                                self._timeout, text)
+            agreed = self.host.native.allreduce(raw(work), raw(work), dtype, op, factor, work.nbytes,
+                                                self.hash(text), self._timeout, text)
         else:
-            agreed = self._execute(self.plan(work.size), raw(work), self.options(text, dtype, op))
+            agreed = self._execute(self.plan(work.size), raw(work), self.options(text, dtype, op, factor=factor))
         if not agreed:
             self.report_mismatch(text)
         if problem:

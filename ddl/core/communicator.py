@@ -44,6 +44,7 @@ from .plans import PlanCache
 
 _BYTE = _native.DType.uint8
 _SUM = _native.ReduceOp.sum
+_WORDS = _native.DType.int64
 _SIGNATURE_CACHE = 1024
 TIMELINE_CALLS = 100_000  # calls a DDL_TIMELINE keeps per rank (the oldest go first)
 
@@ -101,6 +102,7 @@ class Communicator:
         self._small = min(o.small_bytes, CAPACITY)
         self._chosen: dict[int, Plan] = {}
         self._signatures: dict = {}
+        self._riding: dict[int, bool] = {}  # payload bytes -> whether they ride in the agreement round
         self._calls: dict = {}  # (collective, shape, dtype, ...) -> (the call as text, its hash)
         self._plans = PlanCache(rank, o.dbg_level >= 1)
         self._timer = CallTimer(o.dump_iter, rank, [lv.name for lv in self.levels]) if o.dump_iter else None
@@ -402,6 +404,17 @@ class Communicator:
         agreement = pipelined(latency_phases(shape, self.levels, 0), 1)
         return fused <= predict(plan, nbytes)[0] + agreement
 
+    def _rides(self, nbytes: int) -> bool:
+        """Whether a collective moving ``nbytes`` in an allreduce-shaped round (a broadcast's, a small allgather's
+        slots, a reduce-scatter's whole) rides in the agreement round: one latency-optimal exchange in all.
+        Decided once per size (the model's walk over the tree costs more than a small call on a busy host)."""
+        rides = self._riding.get(nbytes)
+        if rides is None:
+            if len(self._riding) > _SIGNATURE_CACHE:
+                self._riding.clear()
+            rides = self._riding[nbytes] = self.size > 1 and self._fused(nbytes)
+        return rides
+
     def _signature(self, shape, dtype: np.dtype, op) -> _Signature:
         key = (shape, dtype, op if isinstance(op, str) else repr(op))
         sig = self._signatures.get(key)
@@ -668,6 +681,14 @@ class Communicator:
                               text=call)
             return _deliver(result, out, direct)
         data = result.reshape(-1).view(np.uint8)
+        if self._rides(data.size):  # one round: root's bytes, zeros elsewhere, summed
+            words, payload = _disjoint_words(data.size)
+            if self.rank == root:
+                payload[...] = data
+            with self.lock:
+                self._agreement.agree(call, problem, words, _WORDS, _SUM)
+            data[...] = payload
+            return _deliver(result, out, direct)
         with self.lock:
             self._agreement.agree(call, problem)
             block = self.options.segment or default_block_bytes(data.size)
@@ -724,19 +745,36 @@ class Communicator:
             return _gathered_into(result if result.dtype == a.dtype else result.view(a.dtype), out, self.rank)
         rows = np.zeros(self.size, dtype=np.int64)
         rows[self.rank] = a.shape[0] if a.ndim else 0
+        mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8) if problem is None else np.empty(0, np.uint8)
+        if self._rides(rows.nbytes + self.size * mine.size):
+            # One round: the row counts and every rank's bytes in its slot (zeros elsewhere, summed as bytes),
+            # sized as if all ranks had this rank's rows; uneven rows then take their planned allgather.
+            words, work = _disjoint_words(rows.nbytes + self.size * mine.size)
+            work[:rows.nbytes] = rows.view(np.uint8)
+            at = rows.nbytes + self.rank * mine.size
+            work[at:at + mine.size] = mine
+            with self.lock:
+                self._agreement.agree(call, problem, words, _WORDS, _SUM)
+                rows = work[:rows.nbytes].view(np.int64)
+                if (rows == rows[self.rank]).all():
+                    return _gathered_into(work[rows.nbytes:].view(a.dtype).reshape(gathered), out, self.rank)
+                return _gathered_into(self._gather_rows(a, rows, row_bytes, call), out, self.rank)
         with self.lock:
             if rows.nbytes <= self._small:
                 self._agreement.agree(call, problem, rows, _native.DType.int64, _SUM)
             else:
                 self._agreement.agree(call, problem)
                 self._run_allreduce(rows, _native.DType.int64, _SUM, call)
-            result = np.empty((int(rows.sum()),) + a.shape[1:], dtype=a.dtype)
-            data = result.reshape(-1).view(np.uint8)
-            counts = [int(n) * row_bytes for n in rows]
-            mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-            self._run_parts("allgather", counts, 1, mine, data, _native.RunOptions(_BYTE, _SUM, self.options.timeout,
-                                                                                    call))
+            result = self._gather_rows(a, rows, row_bytes, call)
         return _gathered_into(result, out, self.rank)
+
+    def _gather_rows(self, a: np.ndarray, rows: np.ndarray, row_bytes: int, call: str) -> np.ndarray:
+        """The planned allgather once every rank's row count is known. The caller holds ``lock``."""
+        result = np.empty((int(rows.sum()),) + a.shape[1:], dtype=a.dtype)
+        self._run_parts("allgather", [int(n) * row_bytes for n in rows], 1,
+                        np.ascontiguousarray(a).reshape(-1).view(np.uint8), result.reshape(-1).view(np.uint8),
+                        _native.RunOptions(_BYTE, _SUM, self.options.timeout, call))
+        return result
 
     def _host_allgather(self, src: np.ndarray, dst: np.ndarray, out, known: tuple) -> np.ndarray:
         """allgather on the host memory level: one step learns every rank's length
@@ -802,6 +840,12 @@ class Communicator:
             with self.lock:
                 self.agree(text, problem)  # raises everywhere on a bad call; one rank: nothing to agree
             return _deliver(np.ascontiguousarray(self.allreduce(a, op)), out, False)
+        if self._host is None and self._rides(a.nbytes):  # one round: the whole reduced in it, then this rank's rows
+            work = np.ascontiguousarray(a).copy()
+            with self.lock:
+                self._agreement.agree(text, problem, raw(work).reshape(-1), code, rop, factor)
+            start = sum(rows[:self.rank])
+            return _deliver(work[start:start + rows[self.rank]], out, False)
         if self._host is None:  # planned per level: slow links carry only this rank's share, reduced below them
             direct = out is not None and out.flags.c_contiguous
             dst = out if direct else np.empty(mine, a.dtype)
@@ -898,6 +942,13 @@ class _Closed:
 
     def __getattr__(self, name):
         raise DDLError("this ddl communicator was closed (ddl.finalize() or Communicator.close())")
+
+
+def _disjoint_words(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 words, their first ``nbytes`` bytes), zeroed: bytes that one rank writes and every other leaves
+    zero add up to themselves (no bits in common, no carries), so a sum of words moves bytes."""
+    words = np.zeros(-(-nbytes // 8), np.int64)
+    return words, words.view(np.uint8)[:nbytes]
 
 
 def _unmovable(a: np.ndarray, what: str) -> str | None:

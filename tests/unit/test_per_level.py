@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ddl import _native, planner, topology
+from ddl import MismatchError, _native, planner, topology
 from ddl.core.communicator import Communicator
 from ddl.planner.per_level import broadcast_program, grid_of, scatter_algorithms, scatter_program
 from ddl.schedule import Collective, Op, Schedule
@@ -201,3 +201,41 @@ def test_reduce_scatter_plans_follow_the_levels():
     plan = comms[0].parts_plan("reduce_scatter", [1000] * 6, 4)
     assert plan.algorithm.startswith("reduce-scatter per level(") and plan.positions == (0, 2, 4, 1, 3, 5)
     assert {lvl for lvl, _ in plan.compiled.phases} == {0, 1}
+
+
+@pytest.mark.parametrize("tree", [None, [[0, 1, 2], [3, 4, 5]]])
+def test_small_collectives_ride_in_the_agreement_round(tree):
+    """Small broadcasts, allgathers and reduce-scatters are one exchange (the agreement round carries them);
+    uneven rows where some ranks' payloads ride and others' do not still meet in the planned allgather."""
+    opts = replace(BASE, small_bytes=4096)
+    hub = _native.LoopbackHub(6)
+    comms = [Communicator.loopback(hub, r, opts, hierarchy=tree) for r in range(6)]
+
+    def body(c):
+        rows = 100 if c.rank == 0 else c.rank % 2  # rank 0's slots pass 4 KiB: it does not ride, the rest do
+        return (c.broadcast(values(c.rank, (37,), np.float64), 4),
+                c.allgather(np.full((rows, 1), c.rank, np.int64)),
+                c.allgather(values(c.rank, (3, 2), np.int16)),
+                c.reduce_scatter(values(c.rank, (13,), np.float32), "avg"))
+
+    results = run_all(comms, body)
+    uneven = np.concatenate([np.full((100 if r == 0 else r % 2, 1), r, np.int64) for r in range(6)])
+    whole = np.stack([values(r, (13,), np.float64) for r in range(6)]).mean(0)
+    for r in range(6):
+        np.testing.assert_array_equal(results[r][0], values(4, (37,), np.float64))
+        np.testing.assert_array_equal(results[r][1], uneven)
+        np.testing.assert_array_equal(results[r][2], np.concatenate([values(q, (3, 2), np.int16) for q in range(6)]))
+        np.testing.assert_allclose(results[r][3], np.array_split(whole, 6)[r].astype(np.float32), rtol=1e-6)
+        planned = {key[0] for key in comms[r]._plans._plans}  # what ran besides agreement rounds
+        assert planned == {"agree", "allgather"}, planned  # (the uneven rows' allgather only)
+
+
+def test_small_calls_that_differ_raise_a_mismatch_on_every_rank():
+    hub = _native.LoopbackHub(4)
+    comms = [Communicator.loopback(hub, r, BASE, hierarchy=[[0, 1], [2, 3]]) for r in range(4)]
+    calls = [lambda c: c.broadcast(np.ones(3), 0), lambda c: c.allgather(np.ones(3)),
+             lambda c: c.reduce_scatter(np.ones(4)), lambda c: c.broadcast(np.ones(3), 1)]
+    _, errors = spawn_on(comms, lambda c: calls[c.rank](c))
+    assert all(isinstance(e, MismatchError) for e in errors), errors
+    for text in ("broadcast(shape=(3,), dtype=float64, root=0)", "allgather", "reduce_scatter", "root=1"):
+        assert all(text in str(e) for e in errors)
