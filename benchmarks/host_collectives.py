@@ -1,6 +1,8 @@
-"""Every collective on one host, ddl beside MPI's own, side by side in one run (issue 28's first target).
+"""Every collective on one host, ddl beside MPI's own, side by side in one run (issue 28's first target); and
+on the emulated clusters (as root), where the collectives follow their plans per level.
 
     python benchmarks/host_collectives.py --ranks 2 4 8 --repeats 10 --out benchmarks/results/host-collectives.md
+    python benchmarks/host_collectives.py --topologies T1,T2 --repeats 5 --out benchmarks/results/cluster-collectives.md
 
 For each rank count, collective (allreduce, broadcast, allgather, reduce_scatter; float32, sum) and size,
 every repeat measures ddl and then MPI (ddl-bench's measure: results checked, nccl-tests' sizes and busbw);
@@ -46,10 +48,11 @@ def worker(repeats: int) -> dict:
     return out
 
 
-def table(results: dict, n: int) -> str:
+def table(results: dict, n: int, where: str | None = None) -> str:
     from ddl.units import format_size
 
-    lines = [f"### {n} ranks on one host (host level {'on' if results['host_level'] else 'OFF'})", "",
+    title = where or f"{n} ranks on one host (host level {'on' if results['host_level'] else 'OFF'})"
+    lines = [f"### {title}", "",
              "| collective | " + " | ".join(format_size(s) for s in SIZES) + " |",
              "|---|" + "---:|" * len(SIZES)]
     worst = 0.0
@@ -69,12 +72,37 @@ def table(results: dict, n: int) -> str:
         lines.append(f"| {c} | " + " | ".join(
             f"{results[f'{c} {s}']['ddl_in']:.1f} us, {results[f'{c} {s}']['busbw']:.2f}" for s in SIZES) + " |")
     lines += ["", f"Worst ratio at {n} ranks: {worst:.2f}x MPI's time (target <= 1.0x)."]
+    if "bound" in results:
+        lines += ["", "Lower bound of a reduce-scatter or allgather (half the allreduce's: per level (E-1)/E x n / "
+                  "B_out) against ddl's in-place time at " + format_size(SIZES[-1]) + ": " + ", ".join(
+                      f"{c} {results['bound'] / (results[f'{c} {SIZES[-1]}']['ddl_in'] * 1e-6):.0%}"
+                      for c in ("reduce_scatter", "allgather")) + " of the bound."]
     return "\n".join(lines)
+
+
+def on_cluster(name: str, repeats: int) -> tuple[dict, int, str]:
+    """The worker as an MPI job on the emulated cluster ``name`` (ddl told its topology)."""
+    import json
+
+    from ddl import planner
+    from ddl.cluster import Cluster, spec as emulate
+
+    t = emulate.topology(name)
+    with Cluster(t) as cluster:
+        done = cluster.mpirun([sys.executable, os.path.abspath(__file__), "--worker", "--repeats", str(repeats)],
+                              timeout=3000, quiet=True, capture=True)
+    if done.returncode:
+        raise RuntimeError(f"{name}: the job failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    tree, levels = t.hierarchy(t.place(None, t.capacity()))
+    results["bound"] = planner.lower_bound(planner.Shape.of(tree), levels, SIZES[-1])[0] / 2
+    return results, t.capacity(), f"{name}: {emulate.PRESET_TEXT.get(name, name)}"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--topologies", help="emulated clusters instead of one host (T1,T2; needs root)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", help="also write the tables (markdown) to this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -86,15 +114,19 @@ def main() -> int:
     from ddl.runner import mpirun
 
     parts = []
-    for n in args.ranks:
+    for name in args.topologies.split(",") if args.topologies else ():
+        results, n, where = on_cluster(name, args.repeats)
+        parts.append(table(results, n, where))
+        print(parts[-1], flush=True)
+    for n in args.ranks if not args.topologies else ():
         results = mpirun.worker_json(n, [sys.executable, os.path.abspath(__file__), "--worker",
                                          "--repeats", str(args.repeats)], timeout=3000)
         if results is None:
             return 1
         parts.append(table(results, n))
         print(parts[-1], flush=True)
-    command = (f"python benchmarks/{os.path.basename(__file__)} --ranks {' '.join(map(str, args.ranks))} "
-               f"--repeats {args.repeats}")
+    what = f"--topologies {args.topologies}" if args.topologies else f"--ranks {' '.join(map(str, args.ranks))}"
+    command = f"python benchmarks/{os.path.basename(__file__)} {what} --repeats {args.repeats}"
     text = "\n\n".join(parts) + f"\n\nCommand: `{command}`; float32, sum; median of {args.repeats} alternating " \
         f"repeats.\n"
     if args.out:
