@@ -680,7 +680,8 @@ class Communicator:
                 self._on_host(self._host.native.broadcast, raw(result), root, h, self.options.timeout, call,
                               text=call)
             return _deliver(result, out, direct)
-        data = result.reshape(-1).view(np.uint8)
+        # (objects have no bytes to move: the round below refuses them on every rank)
+        data = result.reshape(-1).view(np.uint8) if not a.dtype.hasobject else np.empty(0, np.uint8)
         if self._rides(data.size):  # one round: root's bytes, zeros elsewhere, summed
             words, payload = _disjoint_words(data.size)
             if self.rank == root:

@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ddl import MismatchError, _native, planner, topology
+from ddl import DDLError, MismatchError, _native, planner, topology
 from ddl.core.communicator import Communicator
 from ddl.planner.per_level import broadcast_program, grid_of, scatter_algorithms, scatter_program
 from ddl.schedule import Collective, Op, Schedule
@@ -239,3 +239,14 @@ def test_small_calls_that_differ_raise_a_mismatch_on_every_rank():
     assert all(isinstance(e, MismatchError) for e in errors), errors
     for text in ("broadcast(shape=(3,), dtype=float64, root=0)", "allgather", "reduce_scatter", "root=1"):
         assert all(text in str(e) for e in errors)
+
+
+@pytest.mark.parametrize("tree", [None, [[0, 1], [2, 3]]])
+def test_objects_are_refused_on_every_rank_naming_the_call(tree):
+    hub = _native.LoopbackHub(4)
+    comms = [Communicator.loopback(hub, r, BASE, hierarchy=tree) for r in range(4)]
+    for call, what in ((lambda c: c.broadcast(np.array([object()] * 3) if c.rank == 2 else np.ones(3), 0),
+                        "cannot broadcast dtype object"),
+                       (lambda c: c.allgather(np.array([object()])), "cannot allgather dtype object")):
+        _, errors = spawn_on(comms, call)
+        assert all(isinstance(e, DDLError) and what in str(e) for e in errors), errors
