@@ -759,21 +759,22 @@ class Communicator:
                 rows = work[:rows.nbytes].view(np.int64)
                 if (rows == rows[self.rank]).all():
                     return _gathered_into(work[rows.nbytes:].view(a.dtype).reshape(gathered), out, self.rank)
-                return _gathered_into(self._gather_rows(a, rows, row_bytes, call), out, self.rank)
+                return _gathered_into(self._gather_rows(a, mine, rows, row_bytes, call), out, self.rank)
         with self.lock:
             if rows.nbytes <= self._small:
                 self._agreement.agree(call, problem, rows, _native.DType.int64, _SUM)
             else:
                 self._agreement.agree(call, problem)
                 self._run_allreduce(rows, _native.DType.int64, _SUM, call)
-            result = self._gather_rows(a, rows, row_bytes, call)
+            result = self._gather_rows(a, mine, rows, row_bytes, call)
         return _gathered_into(result, out, self.rank)
 
-    def _gather_rows(self, a: np.ndarray, rows: np.ndarray, row_bytes: int, call: str) -> np.ndarray:
-        """The planned allgather once every rank's row count is known. The caller holds ``lock``."""
+    def _gather_rows(self, a: np.ndarray, mine: np.ndarray, rows: np.ndarray, row_bytes: int,
+                     call: str) -> np.ndarray:
+        """The planned allgather of ``a`` (``mine``: its bytes) once every rank's row count is known. The caller
+        holds ``lock``."""
         result = np.empty((int(rows.sum()),) + a.shape[1:], dtype=a.dtype)
-        self._run_parts("allgather", [int(n) * row_bytes for n in rows], 1,
-                        np.ascontiguousarray(a).reshape(-1).view(np.uint8), result.reshape(-1).view(np.uint8),
+        self._run_parts("allgather", [int(n) * row_bytes for n in rows], 1, mine, result.reshape(-1).view(np.uint8),
                         _native.RunOptions(_BYTE, _SUM, self.options.timeout, call))
         return result
 

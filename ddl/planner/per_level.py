@@ -7,7 +7,7 @@ out in *position order*, sorted by (c0, c1, ..., ctop), makes every level's shar
 a node, member i reduces the parts of every rank that is member i of its own node (c0 = i); one level up, the
 members i of the nodes of a rack split those by c1, and so on, until at the top each rank holds its own part.
 Slow links carry only data already reduced below them, each byte once; an allgather is the mirror. The caller
-stages the buffer in position order (ddl.core.staging) and the programs here run on it.
+stages the buffer in position order (ddl.core.parts) and the programs here run on it.
 
 Trees with uneven levels have no such order: their reduce-scatter and allgather run flat, a single level in
 tree order. A broadcast is a binomial tree over the ranks renumbered relative to the root's coordinates,
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..schedule.ir import Program, Step, number_tags, Op
+from ..schedule.algorithms import binomial_tree
+from ..schedule.ir import Program, Step, number_tags
 from ..topology.tree import depth, leaves
 from .model import effective_algorithm, level_rounds
 from .programs import scatter_gather
@@ -131,13 +132,4 @@ def broadcast_program(rank: int, grid: Grid, count: int, root: int) -> Program:
 
         def real(v):
             return grid.spread[(v + at) % p]
-    rounds = (p - 1).bit_length()
-    steps = []
-    if count:
-        for i in range(rounds):
-            mask = 1 << i
-            if vr < mask and vr + mask < p:
-                steps.append(Step(i, Op.SEND, real(vr + mask), 0, count))
-            elif mask <= vr < 2 * mask:
-                steps.append(Step(i, Op.RECV_COPY, real(vr - mask), 0, count))
-    return Program(rank, number_tags(steps), rounds)
+    return binomial_tree(rank, vr, p, count, real)

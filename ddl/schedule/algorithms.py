@@ -132,15 +132,20 @@ ALLREDUCE: dict[str, Callable[[int, int, int], Program]] = {
 
 def binomial_broadcast(rank: int, p: int, count: int, root: int) -> Program:
     """Binomial tree from root: in round i every rank that has the data sends it 2**i ranks further on."""
+    return binomial_tree(rank, (rank - root) % p, p, count, lambda v: (v + root) % p)
+
+
+def binomial_tree(rank: int, vr: int, p: int, count: int, real: Callable[[int], int]) -> Program:
+    """A binomial broadcast over ranks renumbered so the root is 0: ``vr`` is this rank's number, ``real(v)``
+    the rank numbered v. In round i every rank numbered below 2**i sends to the one 2**i further on."""
     rounds = (p - 1).bit_length()
-    vr = (rank - root) % p
     steps = []
     for i in range(rounds):
         mask = 1 << i
         if vr < mask and vr + mask < p:
-            steps.append(Step(i, Op.SEND, (vr + mask + root) % p, 0, count))
+            steps.append(Step(i, Op.SEND, real(vr + mask), 0, count))
         elif mask <= vr < 2 * mask:
-            steps.append(Step(i, Op.RECV_COPY, (vr - mask + root) % p, 0, count))
+            steps.append(Step(i, Op.RECV_COPY, real(vr - mask), 0, count))
     return _program(rank, rounds, steps)
 
 

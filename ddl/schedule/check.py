@@ -132,8 +132,10 @@ def _apply_round(rnd: int, steps, state: list[list[int]], cells: _Cells) -> None
 def _verify_end(schedule: Schedule, state: list[list[int]], cells: _Cells) -> None:
     full = (1 << schedule.nranks) - 1
     for r in range(schedule.nranks):
-        mine = cells.of(*schedule.layout[r]) if schedule.collective is Collective.REDUCE_SCATTER else None
-        for c in mine if mine is not None else range(cells.count):
+        # (a reduce-scatter promises rank r its own piece only)
+        checked = cells.of(*schedule.layout[r]) if schedule.collective is Collective.REDUCE_SCATTER else \
+            range(cells.count)
+        for c in checked:
             want = _expected(schedule, cells.bounds, c, full)
             if state[r][c] != want:
                 raise ScheduleError(f"rank {r} ends with contributions {_ranks(state[r][c])} in elements "
