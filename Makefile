@@ -69,7 +69,7 @@ mpi-subset: $(STAMP)
 	cd tests && ../$(PY) mpi_suite.py --ranks 2
 
 train: $(STAMP)
-	cd tests && ../$(PY) mpi_suite.py train/test_torch.py train/test_torch_backend.py train/test_horovod_torch.py --ranks 2 4
+	cd tests && ../$(PY) mpi_suite.py train/test_torch.py train/test_torch_backend.py train/test_torch_fsdp.py train/test_horovod_torch.py --ranks 2 4
 	cd tests && KERAS_BACKEND=torch ../$(PY) mpi_suite.py train/test_keras.py train/test_horovod_keras.py --ranks 2
 	cd tests && KERAS_BACKEND=tensorflow ../$(PY) mpi_suite.py train/test_keras.py train/test_horovod_keras.py --ranks 2
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 -n 2 examples  # two at a time: much of it waits

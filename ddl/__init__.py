@@ -195,10 +195,11 @@ def allgather(array, out=None):
     return communicator().allgather(array, out)
 
 
-def reduce_scatter(array, op: str = "sum", out=None):
+def reduce_scatter(array, op: str = "sum", out=None, counts=None):
     """Reduces ``array`` (the same shape on every rank) with ``op`` as allreduce does and returns this rank's
-    part of the result along the first axis (parts as numpy.array_split makes them), or writes it to ``out``."""
-    return communicator().reduce_scatter(array, op, out)
+    part of the result along the first axis (``counts[r]`` rows for rank r, or parts as numpy.array_split
+    makes them), or writes it to ``out``."""
+    return communicator().reduce_scatter(array, op, out, counts)
 
 
 def barrier() -> None:

@@ -11,8 +11,10 @@ the handle; ``wait(timeout)`` bounds the caller's own wait too.
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 
 from ..errors import DDLError
 
@@ -55,6 +57,7 @@ class Worker:
         self._idle = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+        _running.add(self)
 
     def submit(self, name: str, fn, *args) -> Handle:
         handle = Handle(name)
@@ -92,3 +95,17 @@ class Worker:
             with self._idle:
                 self._pending -= 1
                 self._idle.notify_all()
+
+
+# A worker is a daemon thread, so that a job whose peers are gone cannot keep the process alive; but one still
+# inside a C++ call when the interpreter finalizes (torch's Future.set_result, completing a Work) would be
+# ended there and abort the process. At exit each finishes its queue first (every collective has a deadline).
+_running: "weakref.WeakSet[Worker]" = weakref.WeakSet()
+_EXIT_WAIT = 60.0
+
+
+@atexit.register
+def _stop_workers() -> None:
+    for worker in list(_running):
+        if worker._thread.is_alive():
+            worker.close(_EXIT_WAIT)

@@ -384,6 +384,12 @@ class Communicator:
                                      f"host: one shared-memory segment, no messages): {how}")
 
     @property
+    def grid(self):
+        """The ranks as coordinates per level of the planned tree (ddl.planner.per_level.Grid): group sizes
+        innermost first, each rank's position in its group at each level."""
+        return self._grid
+
+    @property
     def host_level(self) -> bool:
         """Whether this communicator's collectives run through host memory (ddl.core.host)."""
         return self._host is not None
@@ -796,12 +802,15 @@ class Communicator:
                       offsets, lengths, h, self.options.timeout, text, text=text)
         return result
 
-    def reduce_scatter(self, array, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
+    def reduce_scatter(self, array, op: str = "sum", out: np.ndarray | None = None,
+                       counts=None) -> np.ndarray:
         """The reduction of every rank's ``array`` (same shape everywhere), scattered along the first axis:
-        rank r gets the r-th of ``size`` parts as numpy.array_split makes them (the first ``len % size`` parts
-        one row longer). Ops as allreduce's. With ``out`` (this rank's part's shape) the result lands there."""
+        rank r gets the r-th of ``size`` parts, ``counts[r]`` rows long (the same list on every rank, summing to
+        the first dimension; by default as numpy.array_split makes them, the first ``len % size`` parts one row
+        longer). Ops as allreduce's. With ``out`` (this rank's part's shape) the result lands there."""
+        split = None if counts is None else tuple(counts)
         if self._fast and type(array) is np.ndarray and array.flags.c_contiguous:  # the short path: a known call
-            known = self._calls.get(("reduce_scatter", array.shape, array.dtype, op))
+            known = self._calls.get(("reduce_scatter", array.shape, array.dtype, op, split))
             if known is not None:
                 mine, prepared = known[3]
                 fits = out is None or (type(out) is np.ndarray and out.shape == mine and out.dtype == array.dtype
@@ -824,6 +833,13 @@ class Communicator:
             problem = problem or str(e)
         length = a.shape[0] if a.ndim else 0
         rows = [length // self.size + (r < length % self.size) for r in range(self.size)]  # numpy.array_split's
+        if split is not None:
+            if len(split) != self.size or any(not isinstance(n, (int, np.integer)) or n < 0 for n in split) \
+                    or sum(split) != length:
+                problem = problem or (f"reduce_scatter counts {list(split)} must be {self.size} row counts "
+                                      f"(one per rank, none negative) summing to the first dimension, {length}")
+            else:
+                rows = [int(n) for n in split]
         row = int(np.prod(a.shape[1:], dtype=np.int64)) if a.ndim else 0
         mine = (rows[self.rank],) + a.shape[1:]
         if out is not None and problem is None:
@@ -832,8 +848,9 @@ class Communicator:
         counts = [n * row for n in rows]
         factor = 1.0 / self.size if op == "avg" else 1.0
         text, h, _, (_, prepared) = self._call(
-            ("reduce_scatter", a.shape, a.dtype, op),
-            lambda: f"reduce_scatter(shape={a.shape}, dtype={a.dtype}, op={op})",
+            ("reduce_scatter", a.shape, a.dtype, op, split),
+            lambda: f"reduce_scatter(shape={a.shape}, dtype={a.dtype}, op={op}"
+                    f"{'' if split is None else f', counts={list(split)}'})",
             short=problem is None and a.dtype.isbuiltin == 1,
             extra=lambda said, h: (mine, _native.HostReduceScatter(starts, counts, code, rop, factor, h,
                                                                    self.options.timeout, said)

@@ -39,9 +39,10 @@ def check_torch_version(version: str) -> None:
 
 check_torch_version(torch.__version__)
 
-__all__ = ["allreduce", "allreduce_", "broadcast", "broadcast_", "allgather", "broadcast_parameters",
+__all__ = ["allreduce", "allreduce_", "broadcast", "broadcast_", "allgather", "allgather_into", "reduce_scatter",
+           "reduce_scatter_into", "alltoall", "broadcast_parameters",
            "broadcast_object", "broadcast_optimizer_state", "DistributedOptimizer", "average_gradients",
-           "init_process_group", "GradientBuckets", "Compression"]
+           "init_process_group", "GradientBuckets", "Compression", "device_mesh"]
 
 
 def _host_view(tensor: torch.Tensor) -> tuple[np.ndarray, bool]:
@@ -100,6 +101,107 @@ def allgather(tensor: torch.Tensor, comm=None) -> torch.Tensor:
         return comm.allgather(tensor.detach().contiguous())
     values, _ = _host_view(tensor.detach().contiguous())
     return torch.from_numpy(comm.allgather(values)).to(tensor.device, tensor.dtype)
+
+
+def alltoall(tensor: torch.Tensor, splits=None, comm=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``splits[j]`` of ``tensor`` (in order) go to rank j (of ``comm``, default ddl's; without
+    ``splits``, equal parts); returns what every rank sent here, in rank order, and how many rows came from
+    each. Rides on ddl's allgather: every rank receives every rank's tensor and keeps its own part (size times
+    a direct exchange's traffic; ddl plans no alltoall of its own yet)."""
+    comm = comm or ddl.communicator()
+    n, rows = comm.size, tensor.shape[0] if tensor.dim() else 0
+    if tensor.dim() == 0:
+        raise DDLError(f"rank {comm.rank}: alltoall needs a tensor with a first dimension to split")
+    if splits is None:
+        if rows % n:
+            raise DDLError(f"rank {comm.rank}: alltoall without splits needs a first dimension divisible by the "
+                           f"{n} ranks, not {rows}")
+        mine = torch.full((n,), rows // n, dtype=torch.int64)
+    else:
+        mine = torch.as_tensor(splits, dtype=torch.int64).reshape(-1)
+        if mine.numel() != n or int(mine.sum()) != rows or bool((mine < 0).any()):
+            raise DDLError(f"rank {comm.rank}: alltoall splits {mine.tolist()}: {n} counts adding up to the "
+                           f"first dimension {rows} expected")
+    table = allgather(mine.reshape(1, n), comm)  # table[i][j]: rows rank i sends to rank j
+    everything = allgather(tensor, comm)
+    me, parts, start = comm.rank, [], 0
+    for i in range(n):
+        offset = start + int(table[i, :me].sum())
+        parts.append(everything[offset:offset + int(table[i, me])])
+        start += int(table[i].sum())
+    return torch.cat(parts), table[:, me].clone()
+
+
+def split_rows(length: int, size: int, counts=None) -> list[int]:
+    """Rows per rank of a reduce-scatter along a first dimension of ``length``: ``counts`` when given, else as
+    even as can be, the first ranks one row more (numpy.array_split's, Horovod's reducescatter's)."""
+    if counts is not None:
+        return [int(n) for n in counts]
+    return [length // size + (r < length % size) for r in range(size)]
+
+
+def reduce_scatter(tensor: torch.Tensor, op: str = "avg", comm=None, counts=None) -> torch.Tensor:
+    """This rank's part, along the first dimension, of the reduction of every rank's ``tensor`` (the same
+    shape on every rank, of ``comm``, default ddl's): ``counts[r]`` rows for rank r (the same list on every
+    rank), or parts as ``split_rows`` makes them. Half the traffic of an allreduce."""
+    comm = comm or ddl.communicator()
+    rows = split_rows(tensor.shape[0] if tensor.dim() else 0, comm.size, counts)
+    out = torch.empty((rows[comm.rank],) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    return reduce_scatter_into(out, tensor, op, comm, counts)
+
+
+def reduce_scatter_into(out: torch.Tensor, tensor: torch.Tensor, op: str = "avg", comm=None,
+                        counts=None) -> torch.Tensor:
+    """``reduce_scatter`` written into ``out`` (this rank's part's number of elements); returns ``out``."""
+    comm = comm or ddl.communicator()
+    if tensor.dim() == 0:
+        raise DDLError(f"rank {comm.rank}: reduce_scatter needs a tensor with a first dimension to split")
+    rows = split_rows(tensor.shape[0], comm.size, counts)
+    shape = (rows[comm.rank],) + tuple(tensor.shape[1:])
+    if tensor.is_cuda:  # the GPU path has no reduce-scatter of its own: an allreduce, then this rank's rows
+        whole = allreduce_(tensor.detach().clone(), op, comm)
+        start = sum(rows[:comm.rank])
+        return _copy_into(out, whole[start:start + rows[comm.rank]])
+    _same_dtype(out, tensor, "reduce_scatter", comm)
+    values, _ = _host_view(tensor)
+    landing, finish = _landing(out, shape, comm, "reduce_scatter")
+    comm.reduce_scatter(values, op, out=landing, counts=counts)
+    finish()
+    return out
+
+
+def allgather_into(out: torch.Tensor, tensor: torch.Tensor, comm=None) -> torch.Tensor:
+    """Every rank's ``tensor`` (the same shape everywhere) in rank order, written into ``out`` (``size`` times
+    its elements): torch's all_gather_into_tensor on ddl's allgather, planned per level."""
+    comm = comm or ddl.communicator()
+    if tensor.is_cuda:
+        return _copy_into(out, allgather(tensor.detach().reshape(1, -1), comm))
+    _same_dtype(out, tensor, "allgather", comm)
+    values, _ = _host_view(tensor.detach().contiguous())
+    landing, finish = _landing(out, (comm.size, values.size), comm, "allgather")
+    comm.allgather(values.reshape(1, -1), out=landing)
+    finish()
+    return out
+
+
+def _same_dtype(out: torch.Tensor, tensor: torch.Tensor, call: str, comm) -> None:
+    if out.dtype != tensor.dtype:
+        raise DDLError(f"rank {comm.rank}: {call}'s output is {out.dtype} but its input {tensor.dtype}: they must "
+                       f"be of one dtype")
+
+
+def _landing(out: torch.Tensor, shape: tuple, comm, call: str):
+    """(a numpy array of ``shape`` for a collective to write ``out``'s new values into, what finishes the
+    write): ``out``'s own memory where numpy can hold it, else a buffer copied into ``out`` afterwards."""
+    n = int(np.prod(shape, dtype=np.int64))
+    if out.numel() != n:
+        raise DDLError(f"rank {comm.rank}: {call}'s output has {out.numel()} elements; it needs {n} "
+                       f"(shape {tuple(shape)})")
+    if out.device.type == "cpu" and out.is_contiguous() and out.dtype != torch.bfloat16:
+        return out.detach().numpy().reshape(shape), lambda: None
+    dtype = np.float32 if out.dtype == torch.bfloat16 else torch.empty(0, dtype=out.dtype).numpy().dtype
+    values = np.empty(shape, dtype)
+    return values, lambda: _copy_into(out, torch.from_numpy(values))
 
 
 def _copy_into(tensor: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -183,3 +285,4 @@ _backend.register()  # torch.distributed.init_process_group("ddl")
 init_process_group = _backend.init_process_group
 
 from . import elastic  # noqa: E402,F401 (ddl.torch.elastic.TorchState)
+from .mesh import device_mesh  # noqa: E402 (FSDP2 / HSDP meshes from the topology)

@@ -2,31 +2,39 @@
 
     dist.init_process_group("ddl")          # under ddlrun (or mpirun): RANK, WORLD_SIZE, MASTER_ADDR are set
     model = torch.nn.parallel.DistributedDataParallel(model)
+    # or sharded: fully_shard(layer, mesh=ddl.torch.device_mesh())  (FSDP2; HSDP from the topology)
 
-runs DDP's bucket allreduces, broadcasts and the torch.distributed collectives on ddl's planned,
+runs DDP's bucket allreduces, FSDP2's allgathers and reduce-scatters, DTensor's redistributions,
+torch.distributed.checkpoint's object collectives and the other torch.distributed collectives on ddl's planned,
 topology-aware collectives, asynchronously: each call is submitted to the communicator's worker thread
-(ddl.core.asynchronous) and returns a Work whose future completes when the collective has. Every rank submits
-in the same order (DDP's fixed bucket order); a rank that does not gets MismatchError through its Work.
+(ddl.core.asynchronous) and returns a Work whose future completes when the collective has (and whose wait()
+raises the collective's error). Every rank submits in the same order (DDP's fixed bucket order, FSDP's layer
+order); a rank that does not gets MismatchError through its Work.
 
-Ranks are MPI's: torch's rank must be the MPI rank (ddlrun sets RANK from it). ``dist.new_group(ranks)`` gets a
-communicator of its own over those ranks (MPI_Comm_create_group), planned for its own hosts. Ops sum, avg,
-product, min, max; dtypes float16, bfloat16, float32, float64, int32, int64 (broadcast and allgather: any).
-CUDA tensors take ddl's GPU path (ddl.gpu: NCCL inside a node, MPI between nodes) on the caller's thread and
-current stream, and their Work is complete on return: the GPU path orders itself on the stream, which a worker
-thread would not share. Anything else raises an error naming it. Tested with torch 2.13 (CUDA: tests/gpu,
-run only where there is a GPU).
+Ranks are MPI's: torch's rank must be the MPI rank (ddlrun sets RANK from it). ``dist.new_group(ranks)`` (and
+every group of a DeviceMesh) gets a communicator of its own over those ranks (MPI_Comm_create_group), planned
+for its own hosts. The group keeps the name torch gives it (DeviceMesh and FSDP2 find groups by name).
+reduce_scatter_tensor and all_gather_into_tensor (and their coalesced and list forms, uneven sizes included)
+run ddl's reduce-scatter and allgather, planned per level; gather, scatter and all_to_all_single ride on
+allgather and broadcast (their traffic is larger than a direct exchange's: they serve checkpoints and
+redistributions, not every step). Ops sum, avg, product, min, max; dtypes float16, bfloat16, float32, float64,
+int32, int64 (broadcast and allgather: any). CUDA tensors take ddl's GPU path (ddl.gpu: NCCL inside a node, MPI
+between nodes; its reduce-scatter is an allreduce and a slice) on the caller's thread and current stream, and
+their Work is complete on return: the GPU path orders itself on the stream, which a worker thread would not
+share. reduce is an allreduce. Not provided: send/recv (pipeline parallelism) and PREMUL_SUM (FSDP's
+set_gradient_divide_factor); they raise an error naming them. Tested with torch 2.13 (CUDA: tests/gpu, run only where there is a GPU).
 """
 from __future__ import annotations
 
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 import ddl
 from ddl.errors import DDLError
 
-from . import _host_view, allreduce_, broadcast_  # ddl.torch imports this module after defining them
+from . import (_copy_into, allgather, allgather_into, allreduce_, alltoall, broadcast_,  # ddl.torch imports
+               reduce_scatter_into)  # this module after defining them
 
 NAME = "ddl"
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "prod",
@@ -50,15 +58,54 @@ def _check(tensors, call: str) -> None:
             raise DDLError(f"the ddl backend's {call} takes CPU or CUDA tensors; got one on {t.device}")
 
 
+class _Work(dist.Work):
+    """A collective's Work over a future: ``wait`` raises the collective's error (torch's future-wrapping Work
+    returns True even when the future failed, so a synchronous call would return as if it had worked)."""
+
+    def __init__(self, future: torch.futures.Future):
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout=None) -> bool:  # (the collective has its own deadline: ddl's timeout)
+        self._future.wait()
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+
 class ProcessGroupDDL(dist.ProcessGroup):
     """A torch process group over one ddl Communicator; every collective is asynchronous."""
 
     def __init__(self, comm, rank: int, size: int):
         super().__init__(rank, size)
         self.comm = comm
+        self._name = self._desc = ""
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return NAME
+
+    # torch keeps a group's name in its C++ backends, which a Python group has none of; DeviceMesh, DTensor
+    # and FSDP2 look groups up by name, so the group keeps its own (torch sets it right after creating it).
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._desc = desc
+
+    @property
+    def _device_types(self) -> list:
+        """The devices this group serves (torch reads it, e.g. checkpoint's async save needs cpu among them)."""
+        return [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
 
     # -- the machinery: run on the worker, complete a future --------------------------------------------------
 
@@ -67,7 +114,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         if any(t.is_cuda for t in tensors):  # the GPU path, in the caller's stream order (see the docstring)
             run()
             fut.set_result(result)
-            return _create_work_from_future(fut)
+            return _Work(fut)
 
         def job():
             try:
@@ -78,7 +125,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             fut.set_result(result)
 
         self.comm.submit(f"torch.distributed {call}", job)
-        return _create_work_from_future(fut)
+        return _Work(fut)
 
     # -- collectives ---------------------------------------------------------------------------------------------
 
@@ -98,61 +145,168 @@ class ProcessGroupDDL(dist.ProcessGroup):
                             tensors, tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
+        """Rows may differ by rank (each rank's outputs say every rank's size)."""
         _check(inputs, "allgather")
+        for outs in output_lists:
+            _check_count(outs, self.size(), "allgather", self.rank())
 
         def run():
             for outs, t in zip(output_lists, inputs):
-                gathered = _gather(self.comm, t)
-                for i, out in enumerate(outs):
-                    out.copy_(gathered[i].reshape(out.shape))
+                _split_into(outs, allgather(t.reshape(-1), self.comm), "allgather", self.rank())
 
         return self._submit("allgather", run, output_lists, inputs)
 
     def _allgather_base(self, output, input, opts=None):
-        _check([input], "all_gather_into_tensor")
-        return self._submit("all_gather_into_tensor",
-                            lambda: output.copy_(_gather(self.comm, input).reshape(output.shape)), [output], [input])
+        return self.all_gather_single_coalesced([output], [input], opts)
 
     all_gather_single = _allgather_base  # the name torch 2.13's all_gather_into_tensor calls
 
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        """all_gather_into_tensor of several tensors in one Work (DTensor's full_tensor calls this)."""
+        _check(inputs, "all_gather_into_tensor")
+        return self._submit("all_gather_into_tensor",
+                            lambda: [allgather_into(o, i, self.comm) for o, i in zip(outputs, inputs)],
+                            outputs, inputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # its name before torch 2.13
+
     def reduce_scatter(self, outputs, input_lists, opts=None):
+        """Parts may differ in size (the same sizes on every rank): rank r gets the reduction of parts r."""
         op = _op(opts) if opts is not None else "sum"
         _check(outputs, "reduce_scatter")
+        for parts in input_lists:
+            _check_count(parts, self.size(), "reduce_scatter", self.rank())
 
         def run():
             for out, parts in zip(outputs, input_lists):
                 whole = torch.cat([p.reshape(-1) for p in parts])
-                allreduce_(whole, op, self.comm)
-                n = out.numel()
-                out.copy_(whole[self.rank() * n:(self.rank() + 1) * n].reshape(out.shape))
+                reduce_scatter_into(out, whole, op, self.comm, [p.numel() for p in parts])
 
         return self._submit("reduce_scatter", run, outputs, outputs)
 
     def _reduce_scatter_base(self, output, input, opts=None):
-        op = _op(opts) if opts is not None else "sum"
-        _check([input], "reduce_scatter_tensor")
-
-        def run():
-            whole = input.detach().reshape(-1).clone()
-            allreduce_(whole, op, self.comm)
-            n = output.numel()
-            output.copy_(whole[self.rank() * n:(self.rank() + 1) * n].reshape(output.shape))
-
-        return self._submit("reduce_scatter_tensor", run, [output], [input])
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
 
     reduce_scatter_single = _reduce_scatter_base  # torch 2.13's reduce_scatter_tensor
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        """reduce_scatter_tensor of several tensors in one Work: each input is ``size`` equal parts, rank r's
+        output the reduction of parts r (FSDP2 reduces its gradients this way, DTensor's Partial to Shard)."""
+        op = _op(opts) if opts is not None else "sum"
+        _check(inputs, "reduce_scatter_tensor")
+        p = self.size()
+
+        def run():
+            for out, t in zip(outputs, inputs):
+                if t.numel() != p * out.numel():
+                    raise DDLError(f"rank {self.rank()}: reduce_scatter_tensor's input has {t.numel()} elements, "
+                                   f"not {p} times its output's {out.numel()}")
+                reduce_scatter_into(out, t.reshape(p, -1), op, self.comm)
+
+        return self._submit("reduce_scatter_tensor", run, outputs, inputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # its name before torch 2.13
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        """Rows ``input_split_sizes[j]`` of ``input`` go to rank j (equal parts when empty), through
+        ddl.torch.alltoall (on ddl's allgather)."""
+        _check([input], "all_to_all_single")
+
+        def run():
+            received, _ = alltoall(input, list(input_split_sizes) or None, self.comm)
+            if received.numel() != output.numel():
+                raise DDLError(f"rank {self.rank()}: all_to_all_single received {received.numel()} elements, "
+                               f"but its output holds {output.numel()} (output_split_sizes "
+                               f"{list(output_split_sizes)})")
+            output.copy_(received.reshape(output.shape))
+
+        return self._submit("all_to_all_single", run, [output], [input])
+
+    alltoall_base = all_to_all_single  # its name before torch 2.13
+
+    def gather(self, output_lists, inputs, opts):
+        """Root's outputs get every rank's input (an allgather: every rank receives, root keeps them;
+        torch.distributed.checkpoint gathers small metadata this way)."""
+        _check(inputs, "gather")
+        root, me = opts.rootRank, self.rank()
+        if me == root:
+            for outs in output_lists:
+                _check_count(outs, self.size(), "gather", me)
+
+        def run():
+            for k, t in enumerate(inputs):
+                gathered = allgather(t.reshape(-1), self.comm)
+                if me == root:
+                    _split_into(output_lists[k], gathered, "gather", me)
+
+        return self._submit("gather", run, output_lists, inputs)
+
+    def scatter(self, outputs, input_lists, opts):
+        """Rank r's output gets root's ``input_lists[0][r]`` (all parts of one size): root's parts are
+        broadcast and each rank keeps its own."""
+        _check(outputs, "scatter")
+        root, me, p = opts.rootRank, self.rank(), self.size()
+        if me == root:
+            for parts in input_lists:
+                _check_count(parts, p, "scatter", me)
+
+        def run():
+            for k, out in enumerate(outputs):
+                if me == root:
+                    whole = torch.cat([t.reshape(-1) for t in input_lists[k]])
+                else:
+                    whole = torch.empty(p * out.numel(), dtype=out.dtype)
+                broadcast_(whole, root, self.comm)
+                _copy_into(out, whole[me * out.numel():(me + 1) * out.numel()])
+
+        return self._submit("scatter", run, outputs, outputs)
+
+    def reduce(self, tensors, opts):
+        """Root's tensors get the reduction (an allreduce; the other ranks' tensors are left as they were)."""
+        op = _op(opts)
+        _check(tensors, "reduce")
+        root = opts.rootRank
+
+        def run():
+            for t in tensors:
+                if self.rank() == root:
+                    allreduce_(t, op, self.comm)
+                else:
+                    allreduce_(t.detach().clone(), op, self.comm)
+
+        return self._submit("reduce", run, tensors, tensors)
 
     def barrier(self, opts=None):
         return self._submit("barrier", self.comm.barrier, [])
 
+    def send(self, tensors, dst, tag=0):
+        raise DDLError(_POINT_TO_POINT)
 
-def _gather(comm, t: torch.Tensor) -> torch.Tensor:
-    """Every rank's ``t`` (same shape everywhere), stacked: (size, *t.shape), on ``t``'s device."""
-    if t.is_cuda:
-        return comm.allgather(t.detach().contiguous().reshape(1, -1)).reshape(comm.size, *t.shape)
-    values = _host_view(t)[0].reshape(1, -1)
-    out = torch.from_numpy(comm.allgather(values)).to(t.dtype)
-    return out.reshape(comm.size, *t.shape)
+    def recv(self, tensors, src, tag=0):
+        raise DDLError(_POINT_TO_POINT)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise DDLError(_POINT_TO_POINT)
+
+
+_POINT_TO_POINT = ("the ddl backend runs collectives only: no send/recv (pipeline parallelism); use a gloo group "
+                   "for them (dist.new_group(backend='gloo'))")
+
+
+def _check_count(tensors, size: int, call: str, rank: int) -> None:
+    if len(tensors) != size:
+        raise DDLError(f"rank {rank}: {call} takes one tensor per rank ({size}), got {len(tensors)}")
+
+
+def _split_into(outs, flat: torch.Tensor, call: str, rank: int) -> None:
+    """Copies consecutive runs of ``flat`` into ``outs`` (each its own number of elements)."""
+    if sum(o.numel() for o in outs) != flat.numel():
+        raise DDLError(f"rank {rank}: {call}'s outputs hold {sum(o.numel() for o in outs)} elements in all, but "
+                       f"the ranks sent {flat.numel()}")
+    at = 0
+    for o in outs:
+        _copy_into(o, flat[at:at + o.numel()])
+        at += o.numel()
 
 
 def _create(opts, pg_options=None) -> ProcessGroupDDL:

@@ -303,6 +303,12 @@ def test_every_collective_per_level(which):
             whole = np.sum([contribution(r, n, np.float64, "sum") for r in range(SIZE)], axis=0)
             got = comm.reduce_scatter(x, "sum")
             np.testing.assert_array_equal(got, np.array_split(whole, SIZE)[RANK].astype(np.float32))
+            counts = [n // SIZE] * SIZE
+            counts[-1] += n - sum(counts)
+            counts[0], counts[1] = counts[0] + counts[1], 0  # uneven, one part empty
+            start = sum(counts[:RANK])
+            np.testing.assert_array_equal(comm.reduce_scatter(x, "sum", counts=counts),
+                                          whole[start:start + counts[RANK]].astype(np.float32))
             rows = np.full((RANK % 3 + n // SIZE, 2), RANK, np.int32)
             expected_rows = np.concatenate([np.full((r % 3 + n // SIZE, 2), r, np.int32) for r in range(SIZE)])
             np.testing.assert_array_equal(comm.allgather(rows), expected_rows)

@@ -115,6 +115,11 @@ def test_reduce_scatter_gives_each_rank_its_part(rows, op):
     out = np.empty_like(want)
     assert ddl.reduce_scatter(x, op, out=out) is out
     np.testing.assert_allclose(out, want, rtol=1e-12)
+    counts = [0] * SIZE
+    counts[-1], counts[0] = rows // 2, rows - rows // 2  # uneven, empty parts between
+    start = sum(counts[:RANK])
+    np.testing.assert_allclose(ddl.reduce_scatter(x, op, counts=counts), whole[start:start + counts[RANK]],
+                               rtol=1e-12)
 
 
 def test_repeated_calls_take_the_short_paths_with_every_form_of_out():

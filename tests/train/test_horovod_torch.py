@@ -115,6 +115,25 @@ def test_reducescatter_gives_each_rank_its_block_of_the_sum():
     np.testing.assert_allclose(hvd.reducescatter(t).numpy(), total[start:start + sizes[r]] / n)
 
 
+@pytest.mark.parametrize("op", ["sum", "average"])
+def test_reducescatter_scales_and_differentiates(op):
+    """Forward: prescale, reduce, postscale; backward: every rank's block of the gradient gathered back, with
+    the same scaling (the gradient of rank r's input is the gradient of every rank's output, in row order)."""
+    r, n = hvd.rank(), hvd.size()
+    hop = hvd.Sum if op == "sum" else hvd.Average
+    t = torch.full((2 * n, 3), float(r + 1), requires_grad=True)
+    out = hvd.reducescatter(t, op=hop, prescale_factor=2.0, postscale_factor=0.5)
+    mean = 1 if op == "sum" else n
+    np.testing.assert_allclose(out.detach().numpy(), np.full((2, 3), n * (n + 1) / 2 / mean))
+    (out * (r + 1)).sum().backward()  # d out_r / d ... = r + 1 on rank r's block
+    want = np.repeat([q + 1 for q in range(n)], 2)[:, None] * np.ones((1, 3)) / mean
+    np.testing.assert_allclose(t.grad.numpy(), want)
+    grouped = hvd.grouped_reducescatter([torch.ones(n, 2), torch.ones(2 * n)], op=hvd.Sum)
+    assert [g.tolist() for g in grouped] == [[[float(n)] * 2], [float(n)] * 2]
+    handle = hvd.reducescatter_async(torch.ones(n), op=hvd.Sum)
+    assert hvd.synchronize(handle).tolist() == [float(n)]
+
+
 def adasum_tree(vectors):
     """Adasum's pairwise operator applied as its recursive doubling does (numpy, float64)."""
     level = list(vectors)

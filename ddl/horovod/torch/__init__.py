@@ -206,40 +206,63 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=_global):
 
 def alltoall(tensor, splits=None, name=None, process_set=_global):
     """Rows ``splits[j]`` of ``tensor`` (in order) go to rank j; returns what every rank sent here, in rank
-    order, and (when ``splits`` is given) how many rows came from each. Rides on ddl's allgather: every rank
-    receives every rank's tensor and keeps its own part (size times a direct exchange's traffic)."""
-    comm = communicator_of(process_set)
-    n, rows = comm.size, tensor.shape[0]
-    if splits is None:
-        if rows % n:
-            raise DDLError(f"rank {comm.rank}: alltoall without splits needs a first dimension divisible by the "
-                           f"{n} ranks, not {rows}")
-        mine = torch.full((n,), rows // n, dtype=torch.int64)
-    else:
-        mine = torch.as_tensor(splits, dtype=torch.int64).reshape(-1)
-        if mine.numel() != n or int(mine.sum()) != rows or bool((mine < 0).any()):
-            raise DDLError(f"rank {comm.rank}: alltoall splits {mine.tolist()}: {n} counts adding up to the "
-                           f"first dimension {rows} expected")
-    table = _gather(mine.reshape(1, n), process_set)  # table[i][j]: rows rank i sends to rank j
-    everything = _gather(tensor, process_set)
-    me, parts, start = comm.rank, [], 0
-    for i in range(n):
-        offset = start + int(table[i, :me].sum())
-        parts.append(everything[offset:offset + int(table[i, me])])
-        start += int(table[i].sum())
-    out = torch.cat(parts) if parts else tensor[:0]
-    return out if splits is None else (out, table[:, me].clone())
+    order, and (when ``splits`` is given) how many rows came from each. Rides on ddl's allgather
+    (ddl.torch.alltoall: every rank receives every rank's tensor and keeps its own part)."""
+    out, received = dt.alltoall(tensor, splits, communicator_of(process_set))
+    return out if splits is None else (out, received)
+
+
+class _Reducescatter(torch.autograd.Function):
+    """reducescatter with a gradient: each rank's block of the output came from every rank's same rows, so the
+    gradient is the allgather of the blocks' gradients (scaled as the forward was)."""
+
+    @staticmethod
+    def forward(ctx, tensor, op, pre, post, process_set):
+        comm = communicator_of(process_set)
+        ctx.args = (op, pre * post / (comm.size if op == Average else 1), process_set)
+        work = tensor.detach() * pre if pre != 1.0 else tensor.detach()
+        out = dt.reduce_scatter(work, op, comm)
+        return out.mul_(post) if post != 1.0 else out
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, scale, process_set = ctx.args
+        whole = _gather(grad.detach().contiguous(), process_set)
+        return (whole * scale if scale != 1.0 else whole), None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=_global,
                   prescale_factor=1.0, postscale_factor=1.0):
     """This rank's block of the first dimension of the reduction (blocks as even as can be, the first ranks
-    one row more)."""
+    one row more), on ddl's reduce-scatter planned per level (half an allreduce's traffic); differentiable."""
+    if op not in (Average, Sum):
+        raise DDLError(f"reducescatter op {op!r}: hvd.Average or hvd.Sum (as Horovod's)")
     comm = communicator_of(process_set)
-    summed = allreduce(tensor, None, name, compression, op, prescale_factor, postscale_factor, process_set)
-    base, extra = divmod(tensor.shape[0], comm.size)
-    start = comm.rank * base + min(comm.rank, extra)
-    return summed[start:start + base + (comm.rank < extra)].clone()
+    if tensor.dim() == 0:
+        raise DDLError(f"rank {comm.rank}: reducescatter needs a tensor with a first dimension to split")
+    wire, ctx = compression.compress(tensor)
+    out = _Reducescatter.apply(wire, op, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(out, ctx)
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=_global, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    return _submit(process_set, "reducescatter_async", reducescatter, tensor.detach().clone(), name,
+                   Compression.none, op, process_set, prescale_factor, postscale_factor)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average, process_set=_global,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    """Each tensor's block of its reduction, one reduce-scatter per tensor."""
+    return [reducescatter(t, name, compression, op, process_set, prescale_factor, postscale_factor)
+            for t in tensors]
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=_global, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    return _submit(process_set, "grouped_reducescatter_async", grouped_reducescatter,
+                   [t.detach().clone() for t in tensors], name, Compression.none, op, process_set,
+                   prescale_factor, postscale_factor)
 
 
 # -- handles, barrier, join, objects ------------------------------------------------------------------------
