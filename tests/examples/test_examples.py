@@ -24,7 +24,8 @@ def test_import_ddl_from_the_repository_root():
 
 # 2 and 4 ranks between them (CI's time is counted); Keras on tensorflow is tested in tests/train
 @pytest.mark.parametrize("script, backend, ranks", [
-    ("keras_digits.py", "torch", 2), ("torch_digits.py", "torch", 4), ("keras_jax_dataparallel.py", "jax", 2)])
+    ("keras_digits.py", "torch", 2), ("torch_digits.py", "torch", 4), ("keras_jax_dataparallel.py", "jax", 2),
+    ("torch_fsdp.py", "torch", 2)])
 def test_example_trains_and_rank_0_reports(script, backend, ranks):
     pytest.importorskip(backend)
     pytest.importorskip("sklearn")
