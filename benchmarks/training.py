@@ -26,19 +26,27 @@ LABELS = {"ddp-ddl": "DDP on ddl", "ddp-gloo": "DDP on gloo", "opt-overlap": "dd
           "opt-blocking": "ddl DistributedOptimizer, no overlap"}
 
 
-def run(name: str, steps: int, workdir_out: Path) -> dict:
+def run_job(name: str, job: Path, args: list[str]) -> dict:
+    """Runs ``job`` (``args``, then ``--out FILE``) on the emulated topology ``name``, one rank per slot; returns
+    the JSON rank 0 wrote there."""
     from ddl.cluster import Cluster
     from ddl.cluster import spec as emulate
 
-    t = emulate.topology(name)
-    with Cluster(t) as cluster:
-        out = cluster.workdir / "training.json"
-        done = cluster.mpirun([sys.executable, str(JOB), "--steps", str(steps), "--out", str(out)], timeout=1800,
-                              quiet=True, capture=True)
+    with Cluster(emulate.topology(name)) as cluster:
+        out = cluster.workdir / "result.json"
+        done = cluster.mpirun([sys.executable, str(job), *args, "--out", str(out)], timeout=1800, quiet=True,
+                              capture=True)
         if done.returncode:
             raise RuntimeError(f"{name}: the job failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
                                f"{done.stderr[-3000:]}")
-        result = json.loads(out.read_text())
+        return json.loads(out.read_text())
+
+
+def run(name: str, steps: int, workdir_out: Path) -> dict:
+    from ddl.cluster import spec as emulate
+
+    t = emulate.topology(name)
+    result = run_job(name, JOB, ["--steps", str(steps)])
     from ddl import planner
 
     tree, levels = t.hierarchy(t.place(None, t.capacity()))

@@ -72,13 +72,14 @@ def _budget(comm) -> int | None:
 
 
 def device_mesh(hold_bytes: int | None = None, level: int | None = None, device_type: str | None = None,
-                comm=None) -> DeviceMesh:
+                comm=None, backend: str | None = None) -> DeviceMesh:
     """A DeviceMesh for FSDP2 (``fully_shard(..., mesh=...)``) laid out from ddl's topology: 2-D
     ("replicate", "shard") with shard groups at ``level`` (0: the innermost level, e.g. a host; default: the
     innermost level whose ranks hold ``hold_bytes`` of model state, parameters + gradients + optimizer, in their
     memory, else the innermost), or 1-D ("shard",) when the shard group is every rank. Needs the process group
     initialised (``ddl.torch.init_process_group()``); ``comm``: the ddl communicator whose topology to follow
-    (default ddl's, whose ranks are torch's)."""
+    (default ddl's, whose ranks are torch's); ``backend``: the mesh's groups' backend when it is not the default
+    group's (e.g. "ddl" beside a gloo default group)."""
     comm = comm or ddl.communicator()
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     grid = comm.grid
@@ -89,6 +90,8 @@ def device_mesh(hold_bytes: int | None = None, level: int | None = None, device_
         level = shard_level(grid.sizes, hold_bytes, _budget(comm) if hold_bytes is not None else None)
     level %= len(grid.sizes)
     if level == len(grid.sizes) - 1 or not grid.even:  # shard over every rank: plain FSDP
-        return DeviceMesh(device_type, torch.arange(comm.size), mesh_dim_names=("shard",))
-    rows = mesh_rows(grid.coords, grid.sizes, level)
-    return DeviceMesh(device_type, torch.tensor(rows), mesh_dim_names=("replicate", "shard"))
+        layout, names = torch.arange(comm.size), ("shard",)
+    else:
+        layout, names = torch.tensor(mesh_rows(grid.coords, grid.sizes, level)), ("replicate", "shard")
+    override = None if backend is None else ((backend, None),) * len(names)
+    return DeviceMesh(device_type, layout, mesh_dim_names=names, backend_override=override)
