@@ -26,7 +26,8 @@ _moved.install()
 __all__ = [
     "init", "finalize", "initialized", "communicator", "new_team", "rank", "size", "local_rank", "local_size",
     "num_hosts",
-    "allreduce", "allreduce_n", "grads_reduce", "broadcast", "bcast", "allgather", "reduce_scatter", "barrier",
+    "allreduce", "allreduce_n", "grads_reduce", "broadcast", "bcast", "allgather", "reduce_scatter", "alltoall",
+    "barrier",
     "explain",
     "allreduce_async", "broadcast_async", "allgather_async", "synchronize", "poll", "Handle",
     "DDLError", "DeviceError", "MismatchError", "RankFailure", "TopologyError", "TransportError", "Communicator",
@@ -200,6 +201,12 @@ def reduce_scatter(array, op: str = "sum", out=None, counts=None):
     part of the result along the first axis (``counts[r]`` rows for rank r, or parts as numpy.array_split
     makes them), or writes it to ``out``."""
     return communicator().reduce_scatter(array, op, out, counts)
+
+
+def alltoall(array, send_rows=None, recv_rows=None):
+    """Rows ``send_rows[j]`` of ``array`` (in order; default equal parts) go to rank j; returns what every rank
+    sent here, concatenated in rank order (a pairwise exchange: only the destination's rows travel)."""
+    return communicator().alltoall(array, send_rows, recv_rows)
 
 
 def barrier() -> None:

@@ -28,6 +28,7 @@ from ..planner.programs import round_phases
 from ..planner.explain import Explanation, explain
 from ..planner.sources import choose_tree
 from ..planner.per_level import broadcast_program, grid_of, scatter_algorithms
+from ..schedule.alltoall import pairwise_exchange
 from ..schedule.compile import CompiledPipeline, compile_blocks
 from ..topology import discover
 from ..units import format_size
@@ -880,6 +881,66 @@ class Communicator:
         with self.lock:
             self._on_host(self._host.native.reduce_scatter, raw(src), raw(dst), prepared, text=text)
         return _deliver(dst, out, direct)
+
+    def alltoall(self, array, send_rows=None, recv_rows=None) -> np.ndarray:
+        """Rows ``send_rows[j]`` of ``array`` (in order; default: equal parts) go to rank j; returns the rows
+        every rank sent here, concatenated in rank order. ``recv_rows[i]``: how many rows come from rank i, when
+        the caller knows (else one small allgather learns them). A pairwise exchange (ddl.schedule.alltoall):
+        p - 1 rounds, in each one message out and one in per rank; only the destination's rows travel."""
+        self._after_submitted()
+        if devices.is_device_array(array):
+            raise DDLError(f"rank {self.rank}: alltoall takes host arrays")
+        a = np.asarray(array)
+        problem = _unmovable(a, "alltoall") or ("alltoall needs at least one dimension (it splits along the "
+                                                "first)" if a.ndim == 0 else None)
+        length = a.shape[0] if a.ndim else 0
+        if send_rows is None:
+            if problem is None and length % self.size:
+                problem = f"alltoall without send_rows needs a first dimension divisible by {self.size}: {length}"
+            send_rows = [length // self.size] * self.size
+        send_rows = [int(n) for n in send_rows]
+        if problem is None and (len(send_rows) != self.size or any(n < 0 for n in send_rows)
+                                or sum(send_rows) != length):
+            problem = (f"alltoall send_rows {send_rows} must be {self.size} row counts (none negative) summing "
+                       f"to the first dimension, {length}")
+        text = f"alltoall(shape=(*, {', '.join(map(str, a.shape[1:]))}), dtype={a.dtype})"
+        with self.lock:
+            self.agree(text, problem)
+        if recv_rows is None:
+            table = self.allgather(np.asarray(send_rows, np.int64).reshape(1, -1))  # table[i][j]: i sends j
+            recv_rows = table[:, self.rank].tolist()
+        recv_rows = [int(n) for n in recv_rows]
+        if len(recv_rows) != self.size or any(n < 0 for n in recv_rows) or recv_rows[self.rank] != send_rows[self.rank]:
+            raise DDLError(f"rank {self.rank}: alltoall recv_rows {recv_rows} must be {self.size} row counts, "
+                           f"this rank's own {send_rows[self.rank]} among them")
+        row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+        result = np.empty((sum(recv_rows),) + a.shape[1:], a.dtype)
+        sent_at = np.cumsum([0] + send_rows) * row_bytes
+        got_at = np.cumsum([0] + recv_rows) * row_bytes
+        mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        into = result.reshape(-1).view(np.uint8)
+        if self.size > 1:
+            plan = self._exchange_plan(tuple(sent_at.tolist()), tuple(got_at.tolist()))
+            buffer = np.empty(mine.size + into.size, np.uint8)
+            buffer[:mine.size] = mine
+            with self.lock:
+                self.execute(plan, buffer, _native.RunOptions(_BYTE, _SUM, self.options.timeout, text))
+            into[:] = buffer[mine.size:]
+        me = self.rank
+        into[got_at[me]:got_at[me + 1]] = mine[sent_at[me]:sent_at[me + 1]]  # its own rows never left
+        return result
+
+    def _exchange_plan(self, sent_at: tuple[int, ...], got_at: tuple[int, ...]) -> CompiledPipeline:
+        """The pairwise exchange's compiled program for these byte layouts (input at 0, output after it)."""
+        def build():
+            base = sent_at[-1]
+            send = [(sent_at[j], sent_at[j + 1] - sent_at[j]) for j in range(self.size)]
+            recv = [(base + got_at[j], got_at[j + 1] - got_at[j]) for j in range(self.size)]
+            program = pairwise_exchange(self.rank, send, recv)
+            count = base + got_at[-1]
+            return compile_blocks(lambda _: program, count, max(count, 1), 1, "pairwise exchange")
+
+        return self._plans.get(("alltoall", sent_at, got_at), build)
 
     def _run_parts(self, half: str, counts: list[int], itemsize: int, src: np.ndarray, dst: np.ndarray,
                    options) -> None:

@@ -106,30 +106,27 @@ def allgather(tensor: torch.Tensor, comm=None) -> torch.Tensor:
 def alltoall(tensor: torch.Tensor, splits=None, comm=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows ``splits[j]`` of ``tensor`` (in order) go to rank j (of ``comm``, default ddl's; without
     ``splits``, equal parts); returns what every rank sent here, in rank order, and how many rows came from
-    each. Rides on ddl's allgather: every rank receives every rank's tensor and keeps its own part (size times
-    a direct exchange's traffic; ddl plans no alltoall of its own yet)."""
+    each. One small allgather of the splits, then ddl's pairwise exchange (only the destination's rows travel);
+    bad splits anywhere are refused on every rank, naming the rank."""
     comm = comm or ddl.communicator()
-    n, rows = comm.size, tensor.shape[0] if tensor.dim() else 0
     if tensor.dim() == 0:
         raise DDLError(f"rank {comm.rank}: alltoall needs a tensor with a first dimension to split")
+    n, rows = comm.size, tensor.shape[0]
     if splits is None:
-        if rows % n:
-            raise DDLError(f"rank {comm.rank}: alltoall without splits needs a first dimension divisible by the "
-                           f"{n} ranks, not {rows}")
-        mine = torch.full((n,), rows // n, dtype=torch.int64)
+        mine = torch.full((n,), rows // n if rows % n == 0 else -1, dtype=torch.int64)
     else:
         mine = torch.as_tensor(splits, dtype=torch.int64).reshape(-1)
         if mine.numel() != n or int(mine.sum()) != rows or bool((mine < 0).any()):
-            raise DDLError(f"rank {comm.rank}: alltoall splits {mine.tolist()}: {n} counts adding up to the "
-                           f"first dimension {rows} expected")
-    table = allgather(mine.reshape(1, n), comm)  # table[i][j]: rows rank i sends to rank j
-    everything = allgather(tensor, comm)
-    me, parts, start = comm.rank, [], 0
-    for i in range(n):
-        offset = start + int(table[i, :me].sum())
-        parts.append(everything[offset:offset + int(table[i, me])])
-        start += int(table[i].sum())
-    return torch.cat(parts), table[:, me].clone()
+            mine = torch.full((n,), -1, dtype=torch.int64)
+    table = allgather(mine.reshape(1, n), comm)  # table[i][j]: rows rank i sends to rank j; -1: a bad call
+    bad = [i for i in range(n) if bool((table[i] < 0).any())]
+    if bad:
+        raise DDLError(f"rank {comm.rank}: alltoall refused: rank(s) {bad} gave splits that are not {n} row counts "
+                       f"adding up to their first dimension (or, without splits, a first dimension not divisible "
+                       f"by {n})")
+    values, _ = _host_view(tensor.detach().contiguous())
+    got = comm.alltoall(values, table[comm.rank].tolist(), table[:, comm.rank].tolist())
+    return torch.from_numpy(got).to(tensor.device, tensor.dtype), table[:, comm.rank].clone()
 
 
 def split_rows(length: int, size: int, counts=None) -> list[int]:

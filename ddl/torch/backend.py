@@ -15,14 +15,15 @@ Ranks are MPI's: torch's rank must be the MPI rank (ddlrun sets RANK from it). `
 every group of a DeviceMesh) gets a communicator of its own over those ranks (MPI_Comm_create_group), planned
 for its own hosts. The group keeps the name torch gives it (DeviceMesh and FSDP2 find groups by name).
 reduce_scatter_tensor and all_gather_into_tensor (and their coalesced and list forms, uneven sizes included)
-run ddl's reduce-scatter and allgather, planned per level; gather, scatter and all_to_all_single ride on
-allgather and broadcast (their traffic is larger than a direct exchange's: they serve checkpoints and
-redistributions, not every step). Ops sum, avg, product, min, max; dtypes float16, bfloat16, float32, float64,
-int32, int64 (broadcast and allgather: any). CUDA tensors take ddl's GPU path (ddl.gpu: NCCL inside a node, MPI
-between nodes; its reduce-scatter is an allreduce and a slice) on the caller's thread and current stream, and
-their Work is complete on return: the GPU path orders itself on the stream, which a worker thread would not
-share. reduce is an allreduce. Not provided: send/recv (pipeline parallelism) and PREMUL_SUM (FSDP's
-set_gradient_divide_factor); they raise an error naming them. Tested with torch 2.13 (CUDA: tests/gpu, run only where there is a GPU).
+run ddl's reduce-scatter and allgather, planned per level; all_to_all_single is ddl's pairwise exchange;
+gather and scatter ride on allgather and broadcast (more traffic than a direct exchange: they serve
+checkpoints, not every step); reduce is an allreduce. Ops sum, avg, product, min, max; dtypes float16,
+bfloat16, float32, float64, int32, int64 (broadcast and allgather: any). CUDA tensors take ddl's GPU path
+(ddl.gpu: NCCL inside a node, MPI between nodes; its reduce-scatter is an allreduce and a slice) on the
+caller's thread and current stream, and their Work is complete on return: the GPU path orders itself on the
+stream, which a worker thread would not share. Not provided: send/recv (pipeline parallelism) and PREMUL_SUM
+(FSDP's set_gradient_divide_factor); they raise an error naming them. Tested with torch 2.13 (CUDA:
+tests/gpu, run only where there is a GPU).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import torch.distributed as dist
 import ddl
 from ddl.errors import DDLError
 
-from . import (_copy_into, allgather, allgather_into, allreduce_, alltoall, broadcast_,  # ddl.torch imports
+from . import (_copy_into, _host_view, allgather, allgather_into, allreduce_, broadcast_,  # ddl.torch imports
                reduce_scatter_into)  # this module after defining them
 
 NAME = "ddl"
@@ -208,17 +209,19 @@ class ProcessGroupDDL(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # its name before torch 2.13
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        """Rows ``input_split_sizes[j]`` of ``input`` go to rank j (equal parts when empty), through
-        ddl.torch.alltoall (on ddl's allgather)."""
+        """Rows ``input_split_sizes[j]`` of ``input`` go to rank j, ``output_split_sizes[i]`` rows of ``output``
+        come from rank i (equal parts where empty): ddl's pairwise exchange."""
         _check([input], "all_to_all_single")
+        p = self.size()
+        send = list(input_split_sizes) or None
+        recv = list(output_split_sizes) or [output.shape[0] // p if output.dim() else 0] * p
 
         def run():
-            received, _ = alltoall(input, list(input_split_sizes) or None, self.comm)
-            if received.numel() != output.numel():
-                raise DDLError(f"rank {self.rank()}: all_to_all_single received {received.numel()} elements, "
-                               f"but its output holds {output.numel()} (output_split_sizes "
-                               f"{list(output_split_sizes)})")
-            output.copy_(received.reshape(output.shape))
+            got = self.comm.alltoall(_host_view(input.detach().contiguous())[0], send, recv)
+            if got.size != output.numel():
+                raise DDLError(f"rank {self.rank()}: all_to_all_single received {got.size} elements, but its "
+                               f"output holds {output.numel()}")
+            _copy_into(output, torch.from_numpy(got))
 
         return self._submit("all_to_all_single", run, [output], [input])
 

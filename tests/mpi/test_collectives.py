@@ -133,6 +133,15 @@ def test_allgather_uneven_first_dims_and_2d():
 
 
 @pytest.mark.mpi
+def test_alltoall_sends_each_rank_its_rows():
+    """Rank i sends (i + j) % 3 rows of value 100 i + j to rank j (zero rows included), through MPI."""
+    send = [(RANK + j) % 3 for j in range(SIZE)]
+    mine = np.concatenate([np.full((n, 2), 100 * RANK + j, np.int32) for j, n in enumerate(send)])
+    got = ddl.alltoall(mine, send)
+    want = np.concatenate([np.full(((i + RANK) % 3, 2), 100 * i + RANK, np.int32) for i in range(SIZE)])
+    np.testing.assert_array_equal(got, want)
+
+
 def test_allreduce_n():
     a, b = ddl.allreduce_n([np.full(5, RANK, np.float32), np.full((2, 2), RANK + 1, np.int64)], op="max")
     np.testing.assert_array_equal(a, np.full(5, SIZE - 1))

@@ -6,8 +6,7 @@ submission order and return a handle for ``hvd.synchronize`` / ``hvd.poll``; eve
 same order (as in Horovod; ddl checks it: a rank that does not gets ddl.MismatchError). ``name=`` is accepted
 and not needed: ddl matches collectives by their order, not their names.
 
-What differs from Horovod is said where it applies: ``alltoall`` rides on ddl's allgather (every rank
-receives all the data); ``join`` needs every rank to reach it (a rank still reducing meanwhile gets
+What differs from Horovod is said where it applies: ``join`` needs every rank to reach it (a rank still reducing meanwhile gets
 MismatchError naming both calls, not a hang); Adasum needs a power-of-two number of ranks and gathers the
 ranks' tensors rather than halving them (ddl.torch.adasum says what that costs).
 """
@@ -206,8 +205,8 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=_global):
 
 def alltoall(tensor, splits=None, name=None, process_set=_global):
     """Rows ``splits[j]`` of ``tensor`` (in order) go to rank j; returns what every rank sent here, in rank
-    order, and (when ``splits`` is given) how many rows came from each. Rides on ddl's allgather
-    (ddl.torch.alltoall: every rank receives every rank's tensor and keeps its own part)."""
+    order, and (when ``splits`` is given) how many rows came from each (ddl.torch.alltoall: the splits in one
+    small allgather, then ddl's pairwise exchange)."""
     out, received = dt.alltoall(tensor, splits, communicator_of(process_set))
     return out if splits is None else (out, received)
 
