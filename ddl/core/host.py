@@ -28,10 +28,15 @@ def eligible(size: int, hosts: list[str] | None, options) -> bool:
     """Whether a communicator of ``size`` ranks on ``hosts`` (each rank's) gets the host level. Not where a
     flight recorder folder is set: the recorder keeps the executor's runs, and the host level's calls are not
     among them yet (such a job runs over MPI messages, as before)."""
+    from ..planner.sources import dims_follow_hosts
     from . import flight
 
+    # ddlrun passes -mode with dims that group the ranks by host (one host: all of them in one group); such
+    # dims say what the host level already knows. Dims that group them otherwise are a hierarchy asked for.
+    mode = options.mode
     return (size > 1 and options.shm != "0" and hosts is not None and len(set(hosts)) == 1
-            and options.algo == "auto" and options.mode is None and options.plan is None and not flight.folder())
+            and options.algo == "auto" and options.plan is None and not flight.folder()
+            and (mode is None or not mode.dims or dims_follow_hosts(mode.dims, hosts)))
 
 
 class HostLevel:

@@ -105,9 +105,11 @@ def test_synthetic_benchmark_ends_with_the_closed_references_weights(script, ran
     launcher = [w.format(tmp=tmp_path) for w in launcher]
     out = run(launcher + [sys.executable, os.path.join(EXAMPLES, script), *SMALL])
     weights = synthetic_weights(out, ranks)
-    # the two steps move the weights' sum by about 1.6; ranks and reference differ by float32 rounding (a few
-    # steps more and batch norm over 4 images magnifies it past any useful bound)
-    assert abs(weights - reference_weights(ranks, steps=2)) < 1e-3
+    # the two steps move the weights' sum by about 1.6; ranks and reference differ by float32 rounding, which
+    # batch norm over 4 images magnifies: measured at 4 ranks, weights 6e-8 apart after the first step (the
+    # averages' summation order) give one rank's second gradients 9e-3 apart, and the sum 2e-3 (a few steps
+    # more and past any useful bound). A lost or misaveraged bucket moves it by far more than 5e-3.
+    assert abs(weights - reference_weights(ranks, steps=2)) < 5e-3
     if "--timeline-filename" in launcher:  # horovodrun's timeline is ddl's Chrome trace, one file per rank
         assert any(name.startswith("timeline") for name in os.listdir(tmp_path)), os.listdir(tmp_path)
 

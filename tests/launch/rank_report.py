@@ -19,6 +19,7 @@ if action[0] == "ok":
 
     info["sum"] = ddl.allreduce(np.full(4, rank + 1, np.float64), op="sum").tolist()
     info["ddl_size"], info["ddl_rank"] = ddl.size(), ddl.rank()
+    info["host_level"] = ddl.communicator().host_level
     sys.stdout.write(f"hello from rank {rank}\n")  # one write: MPICH interleaves print's two pieces
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
     json.dump(info, f)

@@ -54,6 +54,7 @@ def test_four_local_ranks_get_their_variables_and_allreduce(tmp_path):
         assert info["DDL_OPTIONS"] == "-mode p:4x1x1x1" and info["DDL_HOST_LIST"] == host_list
         assert (info["ddl_rank"], info["ddl_size"]) == (r, 4)
         assert info["sum"] == [10.0] * 4  # 1 + 2 + 3 + 4
+        assert info["host_level"]  # -mode's dims are the one host's ranks: they share memory, not messages
     assert done.stderr.splitlines()[0].startswith("+ ") and "-n 4" in done.stderr  # the command, printed first
     assert sorted(done.stdout.split("\n")) == sorted(["", *(f"hello from rank {r}" for r in range(4))])
 
