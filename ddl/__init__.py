@@ -19,7 +19,7 @@ from . import config as _config
 from .config import launched_by_mpi as _launched_by_mpi
 from .core.asynchronous import Handle
 from .core.communicator import Communicator
-from .errors import DDLError, DeviceError, MismatchError, RankFailure, TopologyError, TransportError
+from .errors import ArgumentError, DDLError, DeviceError, MismatchError, RankFailure, TopologyError, TransportError
 
 _moved.install()
 
@@ -30,7 +30,7 @@ __all__ = [
     "barrier",
     "explain",
     "allreduce_async", "broadcast_async", "allgather_async", "synchronize", "poll", "Handle",
-    "DDLError", "DeviceError", "MismatchError", "RankFailure", "TopologyError", "TransportError", "Communicator",
+    "ArgumentError", "DDLError", "DeviceError", "MismatchError", "RankFailure", "TopologyError", "TransportError", "Communicator",
     "__version__",
     "DDLCallback", "DDLGlobalVariablesCallback",
 ]

@@ -1,8 +1,10 @@
 """ddl's two kinds of failure (after gloo): usage errors and transport errors."""
 
 
-class DDLError(Exception):
-    """Something was wrong with a call: bad input, arguments that differ across ranks, a bad option or plan."""
+class DDLError(RuntimeError):
+    """Something was wrong with a call: bad input, arguments that differ across ranks, a bad option or plan.
+    A RuntimeError, as torch.distributed's and Horovod's collective errors are (code written for them catches
+    these)."""
 
 
 class MismatchError(DDLError):
@@ -21,6 +23,10 @@ class RankFailure(TransportError):
     def __init__(self, message: str, ranks=()):
         super().__init__(message)
         self.ranks = sorted(set(int(r) for r in ranks))
+
+
+class ArgumentError(DDLError, ValueError):
+    """A call's own arguments cannot work (sizes or splits that do not add up), seen on every rank."""
 
 
 class TopologyError(DDLError, ValueError):

@@ -185,16 +185,25 @@ def gloo_built() -> bool:
     return False
 
 
-def nccl_built() -> bool:
-    """Whether ddl's GPU path finds an NCCL library here (it loads it to see)."""
+def nccl_built() -> int:
+    """As Horovod's: the version code of the NCCL library ddl's GPU path finds here (it loads it to see; e.g.
+    22703 for 2.27.3, which is true), or 0 when there is none."""
     from ..gpu import libraries
     from ..errors import DeviceError
 
     try:
-        libraries.load_nccl()
+        return int(libraries.load_nccl().version)
     except DeviceError:
-        return False
-    return True
+        return 0
+
+
+def ccl_built() -> bool:
+    """oneCCL: never (ddl's CPU path is its own, over MPI)."""
+    return False
+
+
+def rocm_built() -> bool:
+    return False
 
 
 def ddl_built() -> bool:

@@ -21,7 +21,7 @@ import torch
 import ddl
 
 from ..core import fusion
-from ..errors import DDLError
+from ..errors import ArgumentError, DDLError
 
 # The oldest torch with what ddl.torch calls: post-accumulate-grad hooks (DistributedOptimizer's overlap) and
 # register_backend(devices=...) (the "ddl" backend). Tested: TESTED_TORCH (tests/train, CI).
@@ -115,13 +115,14 @@ def alltoall(tensor: torch.Tensor, splits=None, comm=None) -> tuple[torch.Tensor
     if splits is None:
         mine = torch.full((n,), rows // n if rows % n == 0 else -1, dtype=torch.int64)
     else:
+        integral = not (torch.is_tensor(splits) and (splits.is_floating_point() or splits.is_complex()))
         mine = torch.as_tensor(splits, dtype=torch.int64).reshape(-1)
-        if mine.numel() != n or int(mine.sum()) != rows or bool((mine < 0).any()):
+        if not integral or mine.numel() != n or int(mine.sum()) != rows or bool((mine < 0).any()):
             mine = torch.full((n,), -1, dtype=torch.int64)
     table = allgather(mine.reshape(1, n), comm)  # table[i][j]: rows rank i sends to rank j; -1: a bad call
     bad = [i for i in range(n) if bool((table[i] < 0).any())]
     if bad:
-        raise DDLError(f"rank {comm.rank}: alltoall refused: rank(s) {bad} gave splits that are not {n} row counts "
+        raise ArgumentError(f"rank {comm.rank}: alltoall refused: rank(s) {bad} gave splits that are not {n} integer row counts "
                        f"adding up to their first dimension (or, without splits, a first dimension not divisible "
                        f"by {n})")
     values, _ = _host_view(tensor.detach().contiguous())

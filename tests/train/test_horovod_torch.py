@@ -117,8 +117,8 @@ def test_reducescatter_gives_each_rank_its_block_of_the_sum():
 
 @pytest.mark.parametrize("op", ["sum", "average"])
 def test_reducescatter_scales_and_differentiates(op):
-    """Forward: prescale, reduce, postscale; backward: every rank's block of the gradient gathered back, with
-    the same scaling (the gradient of rank r's input is the gradient of every rank's output, in row order)."""
+    """Forward: prescale, reduce, postscale; backward as Horovod's: every rank's block of the gradient gathered
+    back, with the same scaling, times the ranks for Sum (Horovod's own tests require that factor)."""
     r, n = hvd.rank(), hvd.size()
     hop = hvd.Sum if op == "sum" else hvd.Average
     t = torch.full((2 * n, 3), float(r + 1), requires_grad=True)
@@ -126,12 +126,51 @@ def test_reducescatter_scales_and_differentiates(op):
     mean = 1 if op == "sum" else n
     np.testing.assert_allclose(out.detach().numpy(), np.full((2, 3), n * (n + 1) / 2 / mean))
     (out * (r + 1)).sum().backward()  # d out_r / d ... = r + 1 on rank r's block
-    want = np.repeat([q + 1 for q in range(n)], 2)[:, None] * np.ones((1, 3)) / mean
+    want = np.repeat([q + 1 for q in range(n)], 2)[:, None] * np.ones((1, 3)) * (n if op == "sum" else 1)
     np.testing.assert_allclose(t.grad.numpy(), want)
     grouped = hvd.grouped_reducescatter([torch.ones(n, 2), torch.ones(2 * n)], op=hvd.Sum)
     assert [g.tolist() for g in grouped] == [[[float(n)] * 2], [float(n)] * 2]
     handle = hvd.reducescatter_async(torch.ones(n), op=hvd.Sum)
     assert hvd.synchronize(handle).tolist() == [float(n)]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_integers_average_as_horovods_truncated_toward_zero(dtype):
+    """Horovod averages integer tensors: the sum divided by the ranks, truncated toward zero (ddl's own
+    allreduce refuses avg for integers; its Horovod surface follows Horovod)."""
+    r, n = hvd.rank(), hvd.size()
+    t = torch.tensor([r + 1, -(r + 1), 3 * r, 7], dtype=dtype)
+    sums = np.array([n * (n + 1) // 2, -(n * (n + 1) // 2), 3 * n * (n - 1) // 2, 7 * n])
+    want = np.trunc(sums / n).astype(np.int64)
+    got = hvd.allreduce(t, op=hvd.Average)
+    assert got.dtype == dtype and got.tolist() == want.tolist()
+    assert hvd.allreduce(t).tolist() == want.tolist()  # Average is the default op
+    parts = torch.tensor([[r + 1], [-(r + 1)]] * n, dtype=dtype)  # rank k's block: rows 2k, 2k + 1
+    assert hvd.reducescatter(parts).reshape(-1).tolist() == want[:2].tolist()
+
+
+def test_alltoall_is_differentiable_and_its_errors_are_horovods_types():
+    r, n = hvd.rank(), hvd.size()
+    t = torch.arange(float(n * 2)).reshape(n * 2, 1).requires_grad_()  # two rows to each rank
+    out = hvd.alltoall(t)
+    (out * (r + 1)).sum().backward()  # each row's gradient: the receiving rank's r + 1
+    assert t.grad.reshape(-1).tolist() == [float(j + 1) for j in range(n) for _ in range(2)]
+    with pytest.raises(ValueError, match="splits"):  # Horovod raises ValueError for splits that do not add up
+        hvd.alltoall(torch.ones(n + 1), torch.ones(n, dtype=torch.int32))
+    with pytest.raises(ValueError, match="integer row counts"):
+        hvd.alltoall(torch.ones(n), torch.ones(n, dtype=torch.float32))
+    with pytest.raises(RuntimeError):  # MismatchError: ranks that called differently (Horovod: RuntimeError)
+        hvd.alltoall(torch.ones(n, dtype=torch.int32 if r == 0 else torch.float32))
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == n  # still in step
+
+
+def test_integer_scaling_truncates_and_build_flags_are_horovods():
+    n = hvd.size()
+    got = hvd.grouped_allreduce([torch.full((3,), 3, dtype=torch.int32)], op=hvd.Sum, prescale_factor=0.5,
+                                postscale_factor=1.5)[0]
+    assert got.dtype == torch.int32 and got.tolist() == [int(int(3 * 0.5) * n * 1.5)] * 3  # trunc, then trunc
+    assert hvd.ccl_built() is False and hvd.rocm_built() is False
+    assert isinstance(hvd.nccl_built(), int)  # a version code (or 0), which Horovod's scripts compare
 
 
 def adasum_tree(vectors):

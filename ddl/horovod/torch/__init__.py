@@ -23,10 +23,10 @@ from ...errors import DDLError
 from ...torch.adasum import DistributedAdasumOptimizer, adasum_
 from ...torch.compression import Compression
 from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum,  # noqa: F401
-                add_process_set, allgather_object, barrier, communicator_of, cross_rank, cross_size, ddl_built, global_process_set,
-                gloo_built, gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
-                mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set, shutdown,
-                size, unsupported)
+                add_process_set, allgather_object, barrier, ccl_built, communicator_of, cross_rank, cross_size,
+                ddl_built, global_process_set, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
+                local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                remove_process_set, rocm_built, shutdown, size, unsupported)
 from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 
 _global = global_process_set
@@ -96,14 +96,14 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
     with torch.no_grad():
         if prescale_factor != 1.0:
             for t in tensors:
-                t.mul_(prescale_factor)
+                t.copy_(_scaled(t, prescale_factor))
         if op == Adasum:
             adasum_(tensors, comm)
         else:
             _fused_allreduce_(tensors, op, comm)
         if postscale_factor != 1.0:
             for t in tensors:
-                t.mul_(postscale_factor)
+                t.copy_(_scaled(t, postscale_factor))
     return tensors
 
 
@@ -113,10 +113,19 @@ def _fused_allreduce_(tensors, op: str, comm) -> None:
         groups.setdefault((t.dtype, str(t.device)), []).append(t)
     for key in sorted(groups, key=str):  # the same order on every rank
         members = groups[key]
+        # Horovod averages integers too (the sum, divided and truncated toward zero as its C++ casts do);
+        # ddl's own allreduce refuses "avg" for them
+        integer_average = op == Average and not (key[0].is_floating_point or key[0].is_complex)
+        how = Sum if integer_average else op
         if len(members) == 1 and members[0].is_contiguous():
-            dt.allreduce_(members[0], op, comm)  # in place, no copy
+            dt.allreduce_(members[0], how, comm)  # in place, no copy
+            flat = members[0]
+        else:
+            flat = dt.allreduce_(torch.cat([t.reshape(-1) for t in members]), how, comm)
+        if integer_average:
+            flat.copy_(torch.div(flat, comm.size, rounding_mode="trunc"))
+        if flat is members[0]:
             continue
-        flat = dt.allreduce_(torch.cat([t.reshape(-1) for t in members]), op, comm)
         start = 0
         for t in members:
             t.copy_(flat[start:start + t.numel()].view(t.shape))
@@ -125,7 +134,7 @@ def _fused_allreduce_(tensors, op: str, comm) -> None:
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=_global):
-    if compression is not Compression.none:
+    if compression is not Compression.none or any(t.requires_grad for t in tensors):  # (each differentiable)
         return [allreduce(t, average, name, compression, op, prescale_factor, postscale_factor, process_set)
                 for t in tensors]
     return grouped_allreduce_([t.detach().clone() for t in tensors], average, name, op, prescale_factor,
@@ -203,31 +212,56 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=_global):
     return _submit(process_set, "broadcast_async_", broadcast_, tensor, root_rank, name, process_set)
 
 
+class _Alltoall(torch.autograd.Function):
+    """alltoall with a gradient: the rows' gradients go back where the rows came from (an alltoall with the
+    received splits)."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, process_set):
+        ctx.process_set = process_set
+        out, received = dt.alltoall(tensor.detach(), splits, communicator_of(process_set))
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        back, _ = dt.alltoall(grad.detach().contiguous(), ctx.received, communicator_of(ctx.process_set))
+        return back, None, None
+
+
 def alltoall(tensor, splits=None, name=None, process_set=_global):
     """Rows ``splits[j]`` of ``tensor`` (in order) go to rank j; returns what every rank sent here, in rank
     order, and (when ``splits`` is given) how many rows came from each (ddl.torch.alltoall: the splits in one
-    small allgather, then ddl's pairwise exchange)."""
-    out, received = dt.alltoall(tensor, splits, communicator_of(process_set))
+    small allgather, then ddl's pairwise exchange); differentiable."""
+    out, received = _Alltoall.apply(tensor, splits, process_set)
     return out if splits is None else (out, received)
 
 
 class _Reducescatter(torch.autograd.Function):
-    """reducescatter with a gradient: each rank's block of the output came from every rank's same rows, so the
-    gradient is the allgather of the blocks' gradients (scaled as the forward was)."""
+    """reducescatter with Horovod's gradient: the blocks' gradients gathered back (allgather), times the ranks
+    for Sum and as they are for Average, scaled as the forward was (what Horovod's own tests require)."""
 
     @staticmethod
     def forward(ctx, tensor, op, pre, post, process_set):
         comm = communicator_of(process_set)
-        ctx.args = (op, pre * post / (comm.size if op == Average else 1), process_set)
-        work = tensor.detach() * pre if pre != 1.0 else tensor.detach()
-        out = dt.reduce_scatter(work, op, comm)
-        return out.mul_(post) if post != 1.0 else out
+        ctx.args = (pre * post * (comm.size if op == Sum else 1), process_set)
+        work = _scaled(tensor.detach(), pre)
+        if op == Average and not work.dtype.is_floating_point:  # as allreduce: Horovod truncates integers
+            out = torch.div(dt.reduce_scatter(work, Sum, comm), comm.size, rounding_mode="trunc")
+        else:
+            out = dt.reduce_scatter(work, op, comm)
+        return _scaled(out, post)
 
     @staticmethod
     def backward(ctx, grad):
-        op, scale, process_set = ctx.args
-        whole = _gather(grad.detach().contiguous(), process_set)
-        return (whole * scale if scale != 1.0 else whole), None, None, None, None
+        scale, process_set = ctx.args
+        return _scaled(_gather(grad.detach().contiguous(), process_set), scale), None, None, None, None
+
+
+def _scaled(t: torch.Tensor, factor: float) -> torch.Tensor:
+    """``t`` times ``factor`` in its own dtype (integers truncated toward zero, as Horovod's C++ casts)."""
+    return t if factor == 1.0 else (t * factor).to(t.dtype)
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=_global,
