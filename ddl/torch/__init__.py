@@ -122,9 +122,9 @@ def alltoall(tensor: torch.Tensor, splits=None, comm=None) -> tuple[torch.Tensor
     table = allgather(mine.reshape(1, n), comm)  # table[i][j]: rows rank i sends to rank j; -1: a bad call
     bad = [i for i in range(n) if bool((table[i] < 0).any())]
     if bad:
-        raise ArgumentError(f"rank {comm.rank}: alltoall refused: rank(s) {bad} gave splits that are not {n} integer row counts "
-                       f"adding up to their first dimension (or, without splits, a first dimension not divisible "
-                       f"by {n})")
+        raise ArgumentError(f"rank {comm.rank}: alltoall refused: rank(s) {bad} gave splits that are not {n} "
+                            f"integer row counts adding up to their first dimension (or, without splits, a first "
+                            f"dimension not divisible by {n})")
     values, _ = _host_view(tensor.detach().contiguous())
     got = comm.alltoall(values, table[comm.rank].tolist(), table[:, comm.rank].tolist())
     return torch.from_numpy(got).to(tensor.device, tensor.dtype), table[:, comm.rank].clone()

@@ -6,8 +6,8 @@ submission order and return a handle for ``hvd.synchronize`` / ``hvd.poll``; eve
 same order (as in Horovod; ddl checks it: a rank that does not gets ddl.MismatchError). ``name=`` is accepted
 and not needed: ddl matches collectives by their order, not their names.
 
-What differs from Horovod is said where it applies: ``join`` needs every rank to reach it (a rank still reducing meanwhile gets
-MismatchError naming both calls, not a hang); Adasum needs a power-of-two number of ranks and gathers the
+What differs from Horovod is said where it applies: ``join`` needs every rank to reach it (a rank still
+reducing meanwhile gets MismatchError naming both calls, not a hang); Adasum needs a power-of-two number of ranks and gathers the
 ranks' tensors rather than halving them (ddl.torch.adasum says what that costs).
 """
 from __future__ import annotations
