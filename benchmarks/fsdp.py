@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
 import sys
 from pathlib import Path
 
-from training import run_job
+from training import command_line, run_job, write_report
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "fsdp_job.py"
@@ -53,10 +52,7 @@ def report(results: list[dict], command: str, path: Path) -> list[tuple[str, boo
             met += [("FSDP2 step on ddl >= 1.3x on gloo (T2)", vs_gloo >= 1.3, f"{vs_gloo:.2f}x"),
                     ("HSDP from device_mesh() >= 1.2x plain FSDP on ddl (T2)", hsdp >= 1.2, f"{hsdp:.2f}x"),
                     ("reduce-scatter of 16 MiB <= 0.6x ddl's allreduce (T2)", rs <= 0.6, f"{rs:.2f}x")]
-    lines += ["", "## Targets", "", "| target | met | measured |", "|:---|:---|:---|"]
-    lines += [f"| {t} | {'yes' if ok else '**no**'} | {m} |" for t, ok, m in met]
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    path.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    write_report(lines, met, results, path)
     return met
 
 
@@ -67,18 +63,14 @@ def main(argv=None) -> int:
     ap.add_argument("--compute-ms", type=float, default=0.0)
     ap.add_argument("--out", default=str(HERE / "results" / "fsdp"))
     args = ap.parse_args(argv)
-    from ddl import cluster
-
-    why = cluster.available()
-    if why:
-        print(f"benchmarks/fsdp.py: {why}", file=sys.stderr)
+    command = command_line("benchmarks/fsdp.py", argv)
+    if command is None:
         return 2
-    command = "python benchmarks/fsdp.py " + " ".join(argv if argv is not None else sys.argv[1:])
     results = []
     for name in args.topologies.split(","):
         result = run_job(name, JOB, ["--steps", str(args.steps), "--compute-ms", str(args.compute_ms)])
         results.append({**result, "topology": name})
-    met = report(results, command.strip(), Path(args.out))
+    met = report(results, command, Path(args.out))
     print(Path(args.out).with_suffix(".md").read_text())
     return 0 if all(ok for _, ok, _ in met) else 1
 

@@ -92,11 +92,28 @@ def report(results: list[dict], command: str, path: Path) -> list[tuple[str, boo
         ratio = s["lone"]["async"] / s["lone"]["blocking"]
         met.append((f"asynchronous lone 64 MiB allreduce within 5% of blocking ({r['topology']})", ratio <= 1.05,
                     f"{ratio:.3f}x"))
-    lines += ["", "## Targets", "", "| target | met | measured |", "|:---|:---|:---|"]
+    write_report(lines, met, results, path)
+    return met
+
+
+def write_report(lines: list[str], met: list[tuple[str, bool, str]], results: list[dict], path: Path) -> None:
+    """``lines`` and a table of the targets ``met`` as path.md; ``results`` as path.json."""
+    lines = lines + ["", "## Targets", "", "| target | met | measured |", "|:---|:---|:---|"]
     lines += [f"| {t} | {'yes' if ok else '**no**'} | {m} |" for t, ok, m in met]
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     path.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    return met
+
+
+def command_line(script: str, argv) -> str | None:
+    """How this run was asked for (for the report), or None (and why, on stderr) when no emulated cluster can
+    run here."""
+    from ddl import cluster
+
+    why = cluster.available()
+    if why:
+        print(f"{script}: {why}", file=sys.stderr)
+        return None
+    return (f"python {script} " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
 
 
 def main(argv=None) -> int:
@@ -105,15 +122,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default=str(HERE / "results" / "training"))
     args = ap.parse_args(argv)
-    from ddl import cluster
-
-    why = cluster.available()
-    if why:
-        print(f"benchmarks/training.py: {why}", file=sys.stderr)
+    command = command_line("benchmarks/training.py", argv)
+    if command is None:
         return 2
-    command = "python benchmarks/training.py " + " ".join(argv if argv is not None else sys.argv[1:])
     results = [run(name, args.steps, Path(args.out)) for name in args.topologies.split(",")]
-    met = report(results, command.strip(), Path(args.out))
+    met = report(results, command, Path(args.out))
     print(Path(args.out).with_suffix(".md").read_text())
     return 0 if all(ok for _, ok, _ in met) else 1
 

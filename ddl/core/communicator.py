@@ -40,7 +40,7 @@ from .agreement import CAPACITY, Agreement, hash64
 from .diagnostics import CallTimer, check_against_mpi
 from .dtypes import native_dtype, native_op, raw
 from .packing import pack_groups
-from .parts import PartsPlan, parts_plan
+from .parts import PartsPlan, parts_plan, split_rows
 from .plans import PlanCache
 
 _BYTE = _native.DType.uint8
@@ -833,7 +833,7 @@ class Communicator:
         except DDLError as e:
             problem = problem or str(e)
         length = a.shape[0] if a.ndim else 0
-        rows = [length // self.size + (r < length % self.size) for r in range(self.size)]  # numpy.array_split's
+        rows = split_rows(length, self.size)
         if split is not None:
             if len(split) != self.size or any(not isinstance(n, (int, np.integer)) or n < 0 for n in split) \
                     or sum(split) != length:

@@ -18,6 +18,14 @@ from ..planner.model import level_rounds
 from ..schedule.compile import CompiledPipeline, native_program
 
 
+def split_rows(length: int, size: int, counts=None) -> list[int]:
+    """Rows per rank of a reduce-scatter along a first dimension of ``length``: ``counts`` when given, else as
+    even as can be, the first ranks one row more (numpy.array_split's, Horovod's reducescatter's)."""
+    if counts is not None:
+        return [int(n) for n in counts]
+    return [length // size + (r < length % size) for r in range(size)]
+
+
 @dataclass(frozen=True)
 class PartsPlan:
     """One rank's compiled pipeline for a reduce-scatter or allgather of parts ``counts`` (elements, rank

@@ -21,6 +21,7 @@ import torch
 import ddl
 
 from ..core import fusion
+from ..core.parts import split_rows
 from ..errors import ArgumentError, DDLError
 
 # The oldest torch with what ddl.torch calls: post-accumulate-grad hooks (DistributedOptimizer's overlap) and
@@ -130,18 +131,10 @@ def alltoall(tensor: torch.Tensor, splits=None, comm=None) -> tuple[torch.Tensor
     return torch.from_numpy(got).to(tensor.device, tensor.dtype), table[:, comm.rank].clone()
 
 
-def split_rows(length: int, size: int, counts=None) -> list[int]:
-    """Rows per rank of a reduce-scatter along a first dimension of ``length``: ``counts`` when given, else as
-    even as can be, the first ranks one row more (numpy.array_split's, Horovod's reducescatter's)."""
-    if counts is not None:
-        return [int(n) for n in counts]
-    return [length // size + (r < length % size) for r in range(size)]
-
-
 def reduce_scatter(tensor: torch.Tensor, op: str = "avg", comm=None, counts=None) -> torch.Tensor:
     """This rank's part, along the first dimension, of the reduction of every rank's ``tensor`` (the same
     shape on every rank, of ``comm``, default ddl's): ``counts[r]`` rows for rank r (the same list on every
-    rank), or parts as ``split_rows`` makes them. Half the traffic of an allreduce."""
+    rank), or parts as ddl.core.parts.split_rows makes them. Half the traffic of an allreduce."""
     comm = comm or ddl.communicator()
     rows = split_rows(tensor.shape[0] if tensor.dim() else 0, comm.size, counts)
     out = torch.empty((rows[comm.rank],) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
