@@ -8,7 +8,12 @@ class DDLError(RuntimeError):
 
 
 class MismatchError(DDLError):
-    """Ranks called the same collective with different shapes, dtypes, ops or roots (raised on every rank)."""
+    """Ranks called the same collective with different shapes, dtypes, ops or roots (raised on every rank).
+    ``calls``: what each rank called, in rank order (the same list on every rank), when the ranks exchanged it."""
+
+    def __init__(self, message: str, calls=None):
+        super().__init__(message)
+        self.calls = list(calls) if calls is not None else None
 
 
 class TransportError(DDLError):

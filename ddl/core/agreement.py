@@ -95,7 +95,7 @@ class Agreement:
         for r, k in enumerate(keys):
             groups.setdefault(k, []).append(r)
         detail = "; ".join(f"ranks {ranges(rs)}: {k}" for k, rs in groups.items())
-        raise MismatchError(f"rank {self.rank}: ranks called ddl differently: {detail}")
+        raise MismatchError(f"rank {self.rank}: ranks called ddl differently: {detail}", calls)
 
 
 def ranges(ranks: list[int]) -> str:

@@ -469,7 +469,7 @@ class Communicator:
                         return self._alone_short(array, out)
         if devices.is_device_array(array):
             return self._device().allreduce(array, op, out)
-        self._after_submitted()
+        self.drain()
         started = time.perf_counter() if self._timer else 0.0
         a = np.asarray(array)
         if self._recorder is not None:
@@ -615,8 +615,9 @@ class Communicator:
             self._worker = Worker(f"ddl-collectives-rank{self.rank}")
         return self._worker.submit(name, fn, *args)
 
-    def _after_submitted(self) -> None:
-        """A blocking collective waits for the submitted ones first, so the order stays the same everywhere."""
+    def drain(self) -> None:
+        """Waits for the submitted collectives to finish (a blocking collective does first, so the order stays
+        the same everywhere)."""
         if self._worker is not None:
             self._worker.drain()
 
@@ -666,7 +667,7 @@ class Communicator:
                         return dst
         if devices.is_device_array(array):
             return self._device().broadcast(array, root)
-        self._after_submitted()
+        self.drain()
         a = np.asarray(array)
         problem = _unmovable(a, "broadcast")
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
@@ -727,7 +728,7 @@ class Communicator:
                     return _gathered_into(self._host_allgather(array, dst, out, known), out, self.rank)
         if devices.is_device_array(array):
             return self._device().allgather(array)
-        self._after_submitted()
+        self.drain()
         a = np.asarray(array)
         problem = _unmovable(a, "allgather")
         if a.ndim == 0:
@@ -824,7 +825,7 @@ class Communicator:
                     return dst
         if devices.is_device_array(array):
             raise DDLError(f"rank {self.rank}: reduce_scatter takes host arrays (GPU arrays: allreduce)")
-        self._after_submitted()
+        self.drain()
         a = np.asarray(array)
         problem = "reduce_scatter needs at least one dimension (it splits along the first)" if a.ndim == 0 else None
         code = rop = None
@@ -887,7 +888,7 @@ class Communicator:
         every rank sent here, concatenated in rank order. ``recv_rows[i]``: how many rows come from rank i, when
         the caller knows (else one small allgather learns them). A pairwise exchange (ddl.schedule.alltoall):
         p - 1 rounds, in each one message out and one in per rank; only the destination's rows travel."""
-        self._after_submitted()
+        self.drain()
         if devices.is_device_array(array):
             raise DDLError(f"rank {self.rank}: alltoall takes host arrays")
         a = np.asarray(array)
@@ -985,7 +986,7 @@ class Communicator:
 
     def barrier(self) -> None:
         """Returns once every rank has entered the barrier (an agreement round with no data)."""
-        self._after_submitted()
+        self.drain()
         if self.size > 1:
             with self.lock:
                 if self._host is not None:

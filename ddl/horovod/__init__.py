@@ -28,6 +28,7 @@ class ProcessSet:
         self.ranks = None if ranks is None else sorted(int(r) for r in ranks)
         self.process_set_id: int | None = 0 if ranks is None else None
         self._comm: Communicator | None = None
+        self._beside: tuple[Communicator, Communicator] | None = None  # (the set's, its barrier's)
 
     def included(self) -> bool:
         return self.ranks is None or ddl.rank() in self.ranks
@@ -73,6 +74,9 @@ def init(comm=None, process_sets=None) -> None:
 def shutdown() -> None:
     for key in [k for k in _sets if k]:
         remove_process_set(_sets[key])
+    if global_process_set._beside is not None:
+        global_process_set._beside[1].close()
+        global_process_set._beside = None
     ddl.finalize()
 
 
@@ -141,6 +145,9 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         return False
     ddl.communicator().agree(f"remove_process_set(id={process_set.process_set_id})")
     _sets.pop(process_set.process_set_id)
+    if process_set._beside is not None:
+        process_set._beside[1].close()
+        process_set._beside = None
     if process_set._comm is not None:
         process_set._comm.close()
         process_set._comm = None
@@ -152,8 +159,34 @@ def communicator_of(process_set: ProcessSet | None) -> Communicator:
     return (process_set or global_process_set).communicator()
 
 
+def rooted(process_set: ProcessSet | None, root_rank: int, collective, *args):
+    """``collective(root, *args)`` with Horovod's ``root_rank`` (a rank of the world, also for a process set) as
+    the set's own rank. A root outside the set is passed on as one past the set's ranks, so every member fails
+    alike in ddl's agreement (none waits), and the error names the root as the caller gave it."""
+    ps = process_set or global_process_set
+    if ps.ranks is None:
+        return collective(root_rank, *args)
+    inside = root_rank in ps.ranks
+    try:
+        return collective(ps.ranks.index(root_rank) if inside else len(ps.ranks), *args)
+    except DDLError as e:
+        if inside:
+            raise
+        raise type(e)(f"rank {ddl.rank()}: root_rank {root_rank} is not in process set {ps.process_set_id} "
+                      f"(ranks {ps.ranks}; Horovod's root_rank is a rank of the world)") from e
+
+
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    communicator_of(process_set).barrier()
+    """Returns once every rank of the set has reached it. As Horovod's, it does not wait for the asynchronous
+    operations in flight (they are matched among themselves, a barrier with barriers): it runs on a second
+    communicator of the set's ranks, made at the set's first barrier."""
+    comm = communicator_of(process_set)
+    made = process_set._beside
+    if made is None or made[0] is not comm:  # first barrier, or the set's communicator was replaced (elastic)
+        if made is not None:
+            made[1].close()
+        made = process_set._beside = (comm, comm.group(list(range(comm.size))))
+    made[1].barrier()
 
 
 def allgather_object(obj, name=None, process_set: ProcessSet = global_process_set) -> list:

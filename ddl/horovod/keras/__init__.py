@@ -15,7 +15,7 @@ from ... import keras as dk
 from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum,  # noqa: F401
                 add_process_set, allgather_object, barrier, communicator_of, cross_rank, cross_size,
                 global_process_set, init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled, rank,
-                remove_process_set, shutdown, size, unsupported)
+                remove_process_set, rooted, shutdown, size, unsupported)
 
 _global = global_process_set
 
@@ -81,7 +81,8 @@ def allgather(value, name=None, process_set=_global):
 
 
 def broadcast(value, root_rank, name=None, process_set=_global):
-    return _tensor(communicator_of(process_set).broadcast(_array(value), root_rank))
+    comm = communicator_of(process_set)
+    return _tensor(rooted(process_set, root_rank, lambda root: comm.broadcast(_array(value), root)))
 
 
 def broadcast_variables(variables, root_rank=0) -> None:
