@@ -1,5 +1,7 @@
 """ddl.horovod.torch under MPI (mpi_suite.py at 2 and 4 ranks): Horovod's names with Horovod's meaning.
 Expected values are closed forms, numpy, or torch run on one process over the global batch; never ddl."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -73,9 +75,10 @@ def test_allgather_of_uneven_rows_and_its_gradient():
     want = np.concatenate([np.full((i + 1, 2), float(i)) for i in range(n)])
     np.testing.assert_array_equal(y.detach().numpy(), want)
     weights = torch.arange(float(y.numel())).reshape(y.shape)
-    (y * weights).sum().backward()
+    (y * weights * (r + 1)).sum().backward()  # each rank's output gradient: weights times (rank + 1)
     start = sum(i + 1 for i in range(r))
-    torch.testing.assert_close(x.grad, n * weights[start:start + r + 1])
+    # Horovod's gradient: the ranks' output gradients averaged (weights * mean(1..n)), this rank's rows
+    torch.testing.assert_close(x.grad, (n + 1) / 2 * weights[start:start + r + 1])
     out = hvd.synchronize(hvd.allgather_async(torch.tensor([r])))
     assert out.tolist() == list(range(n))
 
@@ -307,20 +310,23 @@ def test_adasum_optimizer_combines_each_ranks_own_step(compression, rtol):
     torch.testing.assert_close(got, want, rtol=rtol, atol=rtol)
 
 
-def test_sparse_gradients_are_averaged_and_kept_dense_on_request():
+def test_sparse_gradients_are_averaged_and_handed_back_sparse():
     n, r = hvd.size(), hvd.rank()
-    for dense in (False, True):
+    for dense in (False, True):  # as Horovod: sparse either way (SparseAdam takes nothing else)
         emb = torch.nn.Embedding(5, 3, sparse=True)
         with torch.no_grad():
             emb.weight.fill_(1.0)
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=1.0), sparse_as_dense=dense)
+        opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(emb.parameters()), lr=0.1),
+                                       sparse_as_dense=dense)
         emb(torch.tensor([r % 5])).sum().backward()
         opt.synchronize()
-        assert emb.weight.grad.is_sparse is (not dense)
+        assert emb.weight.grad.is_sparse
         want = np.zeros((5, 3))
         for i in range(n):
             want[i % 5] += 1.0 / n
         np.testing.assert_allclose(emb.weight.grad.to_dense().numpy(), want, rtol=1e-6)
+        with opt.skip_synchronize():
+            opt.step()  # SparseAdam refuses dense gradients
 
 
 def test_sync_batch_norm_normalises_over_the_global_batch():
@@ -397,3 +403,137 @@ def test_elastic_states_keep_and_restore_values():
     assert objects.batch == 7
     with pytest.raises(ddl.DDLError, match="ElasticSampler is not supported"):
         hvd.elastic.ElasticSampler
+
+
+# -- what Horovod's own suite checks (issue 30): expectations from closed forms --------------------------------
+
+def test_broadcast_gradient_is_the_ranks_mean_on_the_root_only():
+    r, n = hvd.rank(), hvd.size()
+    for root in range(n):
+        x = torch.full((3,), float(r), requires_grad=True)
+        (hvd.broadcast(x, root) * (r + 1)).sum().backward()  # each rank's output gradient: rank + 1
+        want = torch.full((3,), (n + 1) / 2 if r == root else 0.0)
+        torch.testing.assert_close(x.grad, want)
+
+
+def test_sparse_allreduce_async_matches_the_dense_sum_and_mean():
+    r, n = hvd.rank(), hvd.size()
+    dense = np.zeros((n + 2, 3))
+    dense[r, r % 3] = r + 1.0
+    dense[n + 1, 0] = 2.0  # a row every rank holds: its entries are summed
+    everyone = [np.zeros((n + 2, 3)) for _ in range(n)]
+    for i, d in enumerate(everyone):
+        d[i, i % 3], d[n + 1, 0] = i + 1.0, 2.0
+    total = np.sum(everyone, axis=0)
+    t = torch.from_numpy(dense).to_sparse()
+    got_sum = hvd.sparse_allreduce_async(t, name="sparse.sum", op=hvd.Sum)()
+    got_mean = hvd.sparse_allreduce_async(t, name="sparse.mean", op=hvd.Average)()
+    assert got_sum.is_sparse and got_mean.is_sparse
+    np.testing.assert_allclose(got_sum.to_dense().numpy(), total)
+    np.testing.assert_allclose(got_mean.to_dense().numpy(), total / n)
+    with pytest.raises(ValueError, match="sparse COO"):
+        hvd.sparse_allreduce_async(torch.ones(2), name="dense", op=hvd.Sum)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_name_in_flight_is_refused_on_its_rank_and_barrier_does_not_wait_for_it():
+    r = hvd.rank()
+    t = torch.full((5,), float(r))
+    handle = None
+    if r == 0:  # rank 0 submits first; the others only after the barrier, which must not wait for it
+        handle = hvd.allreduce_async(t, name="twice", op=hvd.Sum)
+        with pytest.raises(ValueError, match="twice"):
+            hvd.allreduce_async(t, name="twice", op=hvd.Sum)
+    hvd.barrier()
+    if r != 0:
+        handle = hvd.allreduce_async(t, name="twice", op=hvd.Sum)
+        with pytest.raises(ValueError, match="twice"):
+            hvd.allgather_async(t, name="twice")
+    n = hvd.size()
+    assert torch.equal(hvd.synchronize(handle), torch.full((5,), n * (n - 1) / 2))
+    # synchronized: the name is free again
+    again = hvd.synchronize(hvd.allreduce_async(t, name="twice", op=hvd.Sum))
+    assert torch.equal(again, torch.full((5,), n * (n - 1) / 2))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_root_rank_of_a_process_set_is_a_world_rank():
+    r, n = hvd.rank(), hvd.size()
+    tail = hvd.add_process_set(list(range(1, n)))  # every rank but 0: set rank i is world rank i + 1
+    try:
+        if tail.included():
+            root = n - 1  # a world rank; the set's rank n - 2
+            got = hvd.broadcast(torch.full((2,), float(r)), root, process_set=tail)
+            assert torch.equal(got, torch.full((2,), float(root)))
+            assert hvd.broadcast_object(("from", r), root, process_set=tail) == ("from", root)
+            with pytest.raises(ddl.DDLError, match="root_rank 0 is not in process set"):
+                hvd.broadcast(torch.ones(2), 0, process_set=tail)  # on every member alike
+    finally:
+        hvd.remove_process_set(tail)
+
+
+def test_join_serves_the_others_allreduces_with_zeros():
+    r, n = hvd.rank(), hvd.size()
+    for first in range(n):
+        a, b = torch.full((4,), float(r + 1)), torch.arange(6, dtype=torch.int32) * (r + 1)
+        if r == first:
+            last = hvd.join()
+        else:  # the joined rank counts with zeros; Average still divides by every rank
+            others = [i + 1 for i in range(n) if i != first]
+            got_a = hvd.synchronize(hvd.allreduce_async(a, name="join.a"))
+            got_b = hvd.allreduce(b, op=hvd.Sum)
+            torch.testing.assert_close(got_a, torch.full((4,), sum(others) / n))
+            assert torch.equal(got_b, torch.arange(6, dtype=torch.int32) * sum(others))
+            if n > 1:
+                with pytest.raises(ddl.MismatchError, match="join"):  # only allreduces are served
+                    hvd.allgather(a)
+            last = hvd.join()
+        assert hvd.allgather_object(last) == [last] * n
+        assert n == 1 or last != first
+
+
+def test_optimizer_checks_named_parameters_as_horovod():
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(list(a.parameters()) + list(b.parameters()), lr=0.1)
+    with pytest.raises(ValueError, match="more than once"):  # both name theirs weight and bias
+        hvd.DistributedOptimizer(opt, named_parameters=list(a.named_parameters()) + list(b.named_parameters()))
+    with pytest.raises(ValueError, match="unnamed"):
+        hvd.DistributedOptimizer(opt, named_parameters=list(a.named_parameters()))
+    wrapped = hvd.DistributedOptimizer(torch.optim.SGD([{"params": a.parameters()}, {"params": b.parameters()}],
+                                                       lr=0.1))
+    names = list(wrapped._parameter_names.values())
+    assert len(names) == 4 and len(set(names)) == 4
+
+
+def test_step_after_synchronize_warns_and_zero_grads_come_with_empty_state():
+    model = torch.nn.Linear(3, 1)
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(list(model.parameters()) + [frozen], lr=0.1, momentum=0.9))
+    hvd.broadcast_optimizer_state(opt, root_rank=0)  # no state yet: trainable parameters get zero gradients
+    assert torch.equal(model.weight.grad, torch.zeros(1, 3)) and frozen.grad is None
+    model(torch.ones(1, 3)).sum().backward()
+    opt.synchronize()
+    with pytest.warns(UserWarning, match="skip_synchronize"):
+        opt.step()
+    model(torch.ones(1, 3)).sum().backward()
+    opt.synchronize()
+    with opt.skip_synchronize(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        opt.step()
+    assert not [w for w in seen if "skip_synchronize" in str(w.message)]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_outside_the_optimizers_process_set_steps_on_its_own_gradients():
+    r, n = hvd.rank(), hvd.size()
+    firsts = hvd.add_process_set(list(range(n - 1)))  # the last rank is outside
+    try:
+        w = torch.nn.Parameter(torch.zeros(2))
+        opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), process_set=firsts)
+        (w * (r + 1)).sum().backward()
+        opt.step()
+        mean_inside = sum(range(1, n)) / (n - 1)  # ranks 0..n-2 average their gradients r + 1
+        want = -(mean_inside if firsts.included() else float(r + 1))
+        torch.testing.assert_close(w.detach(), torch.full((2,), want))
+    finally:
+        hvd.remove_process_set(firsts)
