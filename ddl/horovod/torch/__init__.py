@@ -3,12 +3,13 @@
 Every collective runs on ddl's engine (its topology-aware plans; ``process_set=`` picks the communicator of a
 set added with ``hvd.add_process_set``). ``*_async`` calls run on the communicator's worker thread in
 submission order and return a handle for ``hvd.synchronize`` / ``hvd.poll``; every rank must submit in the
-same order (as in Horovod; ddl checks it: a rank that does not gets ddl.MismatchError). ``name=`` is accepted
-and not needed: ddl matches collectives by their order, not their names.
+same order (as in Horovod; ddl checks it: a rank that does not gets ddl.MismatchError). ``name=`` is not
+needed to match collectives (ddl matches them by order), but Horovod's duplicate-name error holds.
 
-What differs from Horovod is said where it applies: ``join`` needs every rank to reach it (a rank still
-reducing meanwhile gets MismatchError naming both calls, not a hang); Adasum needs a power-of-two number of ranks and gathers the
-ranks' tensors rather than halving them (ddl.torch.adasum says what that costs).
+What Horovod's own test suite checks, ddl follows here (its gradients, integer averaging, world ranks as roots
+in process sets, a barrier that does not wait for operations in flight, join serving allreduces with zeros).
+What differs is said where it applies: Adasum needs a power-of-two number of ranks and gathers the ranks'
+tensors rather than halving them (ddl.torch.adasum says what that costs).
 """
 from __future__ import annotations
 
@@ -486,8 +487,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     backward as each fills). ``num_groups``/``groups`` are accepted: ddl's buffers (DDL_FUSION_BYTES) decide
     how gradients are fused. ``sparse_as_dense``: accepted; sparse gradients are averaged dense either way
     and handed back sparse (as Horovod's). A rank outside ``process_set`` steps on its own gradients (as
-    Horovod's). ``named_parameters`` is checked as Horovod checks it. ``op=hvd.Adasum``: as Horovod's, each rank steps its own optimizer on its own
-    gradients and the parameters' changes are combined by Adasum (ddl.torch.adasum)."""
+    Horovod's). ``named_parameters`` is checked as Horovod checks it. ``op=hvd.Adasum``: as Horovod's, each
+    rank steps its own optimizer on its own gradients and the parameters' changes are combined by Adasum
+    (ddl.torch.adasum)."""
     names = _parameter_names(optimizer, named_parameters)
     if process_set.included():
         comm = None if process_set is _global or process_set.ranks is None else communicator_of(process_set)
