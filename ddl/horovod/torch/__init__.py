@@ -392,7 +392,9 @@ _barriers_passed = [0]
 
 
 def _release(handle) -> None:
-    for key in [k for k, (h, _) in _in_flight.items() if h is handle or h.done()]:
+    """Frees ``handle``'s name, and forgets the names _name_free would pass anyway (finished, a barrier since)."""
+    for key in [k for k, (h, at) in _in_flight.items()
+                if h is handle or (h.done() and at != _barriers_passed[0])]:
         del _in_flight[key]
 
 
