@@ -209,6 +209,13 @@ def alltoall(array, send_rows=None, recv_rows=None):
     return communicator().alltoall(array, send_rows, recv_rows)
 
 
+def join() -> None:
+    """This rank has no more data (uneven inputs): until every rank has called join, it takes part in the
+    others' allreduces with zeros (an 'avg' still divides by every rank); any other collective of theirs
+    meanwhile fails on their ranks with MismatchError naming join. Returns once all ranks have joined."""
+    communicator().join()
+
+
 def barrier() -> None:
     communicator().barrier()
 

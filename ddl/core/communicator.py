@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .. import _native
-from ..errors import DDLError, RankFailure, TransportError
+from ..errors import DDLError, MismatchError, RankFailure, TransportError
 from ..options import Options, parse
 from ..planner import Plan, Shape, choose, label, latency_phases, pipelined, predict, program
 from ..planner.programs import round_phases
@@ -39,6 +39,7 @@ from .asynchronous import Handle, Worker
 from .agreement import CAPACITY, Agreement, hash64
 from .diagnostics import CallTimer, check_against_mpi
 from .dtypes import native_dtype, native_op, raw
+from .join import beside_joined, serve_until_all_joined
 from .packing import pack_groups
 from .parts import PartsPlan, parts_plan, split_rows
 from .plans import PlanCache
@@ -448,6 +449,20 @@ class Communicator:
         return sig
 
     def allreduce(self, array, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
+        try:
+            return self._allreduce(array, op, out)
+        except MismatchError as e:
+            if not beside_joined(e, self.rank, self.size):
+                raise
+            return self._allreduce(array, op, out)  # the joined ranks now take part, with zeros
+
+    def join(self) -> None:
+        """This rank has no more data (uneven inputs): until every rank has called join, it takes part in the
+        others' allreduces with zeros (an average still divides by every rank). Any other collective of theirs
+        meanwhile fails on their ranks with MismatchError naming join. Returns when all have joined."""
+        serve_until_all_joined(self)
+
+    def _allreduce(self, array, op: str, out: np.ndarray | None) -> np.ndarray:
         if self._fast and type(array) is np.ndarray:  # the short paths: a known call, plain arrays
             sig = self._signatures.get((array.shape, array.dtype, op))
             if sig is not None and array.flags.c_contiguous:

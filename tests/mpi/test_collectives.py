@@ -194,6 +194,37 @@ def test_dtype_and_op_mismatch():
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("hierarchy", [False, True], ids=["world", "two-groups"])
+def test_join_serves_the_others_allreduces_with_zeros(hierarchy):
+    """Uneven data: each rank in turn joins early; the others' allreduces (in place or not, sync or async, small,
+    fused or planned) count it as zeros, an average still divides by every rank; other collectives fail."""
+    opts = replace(ddl.communicator().options, small_bytes=0, segment=256 << 10) if hierarchy else None
+    comm = Communicator.from_mpi(COMM, opts, hierarchy=trees()[0]) if hierarchy else ddl.communicator()
+    try:
+        for joiner in range(SIZE):
+            if RANK == joiner:
+                comm.join()
+                continue
+            others = [r for r in range(SIZE) if r != joiner]
+            for n in (3, 5000, 300_000):
+                x = np.arange(n, dtype=np.float64) + RANK  # sum over the others: closed form
+                want = sum(np.arange(n, dtype=np.float64) + r for r in others)
+                np.testing.assert_array_equal(comm.allreduce(x, "sum"), want)
+                np.testing.assert_allclose(comm.allreduce_async(x, "avg").wait(10), want / SIZE, rtol=1e-12)
+                comm.allreduce(x, "sum", out=x)  # in place: the retry must start from the caller's data
+                np.testing.assert_array_equal(x, want)
+            ints = np.full(4, RANK + 1, np.int32)
+            np.testing.assert_array_equal(comm.allreduce(ints, "max"), max(others) + 1)  # zeros join the max
+            with pytest.raises(MismatchError, match=r"join\(\)"):  # only allreduces are served
+                comm.broadcast(np.ones(2), root=others[0])
+            comm.join()
+        np.testing.assert_array_equal(comm.allreduce(np.ones(2), "sum"), SIZE)  # all joined: in step again
+    finally:
+        if hierarchy:
+            comm.close()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_read_only_out_on_one_rank_fails_everywhere():
     out = np.empty(8)
     out.flags.writeable = RANK != 0

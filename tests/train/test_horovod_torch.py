@@ -492,6 +492,26 @@ def test_join_serves_the_others_allreduces_with_zeros():
         assert n == 1 or last != first
 
 
+def test_join_serves_the_optimizers_gradient_allreduces():
+    """Uneven data under DistributedOptimizer: rank 0 runs out after one step and joins; the others' later
+    steps average their gradients with its zeros (divided by every rank), as Horovod's join does."""
+    r, n = hvd.rank(), hvd.size()
+    model = torch.nn.Linear(3, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    grad = [torch.tensor([[k + 1.0, 2.0 * k, -1.0]]) for k in range(n)]  # d(sum(model(x)))/dw = x
+    for _ in range(1 if r == 0 else 3):
+        opt.zero_grad()
+        model(grad[r]).sum().backward()
+        opt.step()
+    hvd.join()
+    want = 1.0 - 0.1 * (sum(grad) / n + 2 * sum(grad[1:]) / n)
+    if r != 0:
+        torch.testing.assert_close(model.weight.detach(), want)
+
+
 def test_optimizer_checks_named_parameters_as_horovod():
     a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(list(a.parameters()) + list(b.parameters()), lr=0.1)

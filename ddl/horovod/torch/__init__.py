@@ -13,7 +13,6 @@ tensors rather than halving them (ddl.torch.adasum says what that costs).
 """
 from __future__ import annotations
 
-import re
 import time
 import warnings
 
@@ -22,7 +21,7 @@ import torch
 
 import ddl
 from ... import torch as dt
-from ...errors import DDLError, MismatchError
+from ...errors import DDLError
 from ...torch.adasum import DistributedAdasumOptimizer, adasum_
 from ...torch.compression import Compression
 from .. import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum,  # noqa: F401
@@ -124,11 +123,11 @@ def _fused_allreduce_(tensors, op: str, comm) -> None:
         integer_average = op == Average and not (key[0].is_floating_point or key[0].is_complex)
         how = Sum if integer_average else op
         if len(members) == 1 and members[0].is_contiguous():
-            _beside_joined(comm, lambda: dt.allreduce_(members[0], how, comm))  # in place, no copy
+            dt.allreduce_(members[0], how, comm)  # in place, no copy
             flat = members[0]
         else:
             flat = torch.cat([t.reshape(-1) for t in members])
-            _beside_joined(comm, lambda: dt.allreduce_(flat, how, comm))
+            dt.allreduce_(flat, how, comm)
         if integer_average:
             flat.copy_(torch.div(flat, comm.size, rounding_mode="trunc"))
         if flat is members[0]:
@@ -419,23 +418,6 @@ def poll(handle) -> bool:
     return False
 
 
-_JOIN = "join()"
-_ALLREDUCE_CALL = re.compile(r"allreduce\(shape=\(([\d, ]*)\), dtype=(\w+), op=(\w+)\)")
-
-
-def _beside_joined(comm, allreduce) -> None:
-    """Runs ``allreduce()``; when the only other call the ranks made was join (ranks that have no more data),
-    runs it again: the joined ranks now take part with zeros (join serves them)."""
-    try:
-        allreduce()
-    except MismatchError as e:
-        calls = e.calls or []
-        mine = calls[comm.rank] if len(calls) == comm.size else None
-        if mine is None or _JOIN not in calls or any(c not in (_JOIN, mine) for c in calls):
-            raise
-        allreduce()
-
-
 def join(device=-1) -> int:
     """This rank has no more data (Horovod's join): until every rank has joined, it takes part in the others'
     allreduces with zeros (an Average still divides by every rank); their allgathers, broadcasts and other
@@ -444,17 +426,7 @@ def join(device=-1) -> int:
     comm = ddl.communicator()
     comm.drain()
     arrived = time.time()
-    while True:
-        try:
-            comm.agree(_JOIN)
-            break
-        except MismatchError as e:
-            others = {c for c in (e.calls or []) if c != _JOIN}
-            call = _ALLREDUCE_CALL.fullmatch(others.pop()) if len(others) == 1 else None
-            if call is None:
-                continue  # (the others raised; they come back with their next call)
-            shape = tuple(int(n) for n in call.group(1).replace(" ", "").split(",") if n)
-            comm.allreduce(np.zeros(shape, np.dtype(call.group(2))), call.group(3))
+    comm.join()
     return int(np.argmax(comm.allgather(np.array([arrived]))))
 
 

@@ -1,0 +1,45 @@
+"""Join: a rank with no more data serves the others' allreduces with zeros until every rank has joined (uneven
+data across ranks, as Horovod's ``hvd.join`` and torch's ``Join`` context).
+
+No new protocol: the joined rank sits in an agreement round whose call is ``join()``; an allreduce beside it
+mismatches on every rank, and the mismatch report says what each rank called. The ranks whose call was that
+allreduce retry it; the joined ranks read its shape, dtype and op from the report and take part with zeros.
+An Average still divides by every rank. Any other collective beside join fails as a mismatch on its ranks.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..errors import MismatchError
+
+JOIN_CALL = "join()"
+# The text Communicator gives an allreduce call (its _signature): what a joined rank must take part in.
+_ALLREDUCE_CALL = re.compile(r"allreduce\(shape=\(([\d, ]*)\), dtype=(\w+), op=(\w+)\)")
+
+
+def beside_joined(error: MismatchError, rank: int, size: int) -> bool:
+    """Whether ``error`` came only from ranks that joined: this rank's call should run again, with them."""
+    calls = error.calls or []
+    if len(calls) != size:
+        return False
+    mine = calls[rank]
+    return mine != JOIN_CALL and JOIN_CALL in calls and all(c in (JOIN_CALL, mine) for c in calls)
+
+
+def serve_until_all_joined(comm) -> None:
+    """Runs on a joined rank: agreement rounds of ``join()`` until every rank calls it, joining each allreduce
+    the others make meanwhile with zeros."""
+    comm.drain()
+    while True:
+        try:
+            comm.agree(JOIN_CALL)
+            return
+        except MismatchError as e:
+            others = {c for c in (e.calls or []) if c != JOIN_CALL}
+            call = _ALLREDUCE_CALL.fullmatch(others.pop()) if len(others) == 1 else None
+            if call is None:
+                continue  # (the others raised; they come back with their next call)
+            shape = tuple(int(n) for n in call.group(1).replace(" ", "").split(",") if n)
+            comm.allreduce(np.zeros(shape, np.dtype(call.group(2))), call.group(3))
