@@ -12,6 +12,12 @@ from __future__ import annotations
 
 from numbers import Integral
 
+try:
+    from . import _native  # noqa: F401 (the compiled executor; every part of ddl needs it)
+except ImportError as _missing:
+    from ._source_tree import unbuilt_message
+
+    raise ImportError(unbuilt_message(__path__[0], _missing)) from None
 from . import _moved
 from . import gpu as _gpu  # noqa: F401 (registers the device collectives with ddl.core.devices)
 from . import options as _options
