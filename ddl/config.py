@@ -46,7 +46,8 @@ SETTINGS = {
         Setting("DDL_CUDA_DRIVER", "libcuda.so.1", "the CUDA driver library ddl opens for GPU arrays"),
         Setting("DDL_PROBE", "auto", "measure the network's switch levels between hosts: auto (when a job spans 3 "
                 "or more hosts and no plan, hierarchy, topology or tiers were given), 0 (never), 1 (also on 2 "
-                "hosts), force (measure again, ignoring the cache)"),
+                "hosts), force (measure again, ignoring the cache), trust (use a cached result without checking it against "
+                "the network first; by default a few short rounds verify it and a stale one is measured again)"),
         Setting("DDL_PROBE_CACHE", "", "folder of probe results kept per set of hosts (default "
                 "~/.cache/ddl/probe; 'off': no cache)"),
         Setting("DDL_PROBE_BUDGET", "5", "seconds the probe may spend measuring before it gives up (hosts-only tree)"),

@@ -106,7 +106,7 @@ def algorithms(text: str, where: str = "-algo") -> str:
     return ",".join(names)
 
 
-PROBE_VALUES = ("auto", "0", "1", "force")
+PROBE_VALUES = ("auto", "0", "1", "force", "trust")
 
 
 def probe_mode(text: str, where: str = "-probe") -> str:

@@ -7,6 +7,7 @@ as JSON, draw it, and explain the plan an allreduce of a given size would follow
     ddl-topo --list                      the machine library
     ddl-topo T2 --plan 16M               an emulated cluster's spec (ddl.cluster.spec) works too
     ddlrun -H a,b,c ddl-topo --probe --dump cluster.json   measure this job's hosts (ddl.topology.probe)
+    ddl-topo --probe-cache               the probe's cached results: hosts, tree, levels, when and how measured
 """
 from __future__ import annotations
 
@@ -41,7 +42,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="do not print the tree")
     p.add_argument("--probe", action="store_true", help="under MPI (ddlrun/mpirun): measure the job's hosts "
                    "and show (or --dump) the topology found, measured links marked")
+    p.add_argument("--probe-cache", nargs="?", const="", metavar="DIR", help="list the probe's cached results "
+                   "(default folder: DDL_PROBE_CACHE, else ~/.cache/ddl/probe): when and how each was measured, "
+                   "when a job last verified it")
     return p
+
+
+def cached_probes(folder: str) -> str:
+    """Every cached probe result in ``folder``, as text (unreadable files named, not fatal)."""
+    from pathlib import Path
+
+    from ..topology.probe.result import ProbeError, ProbeResult
+
+    files = sorted(Path(folder).glob("probe-*.json")) if os.path.isdir(folder) else []
+    if not files:
+        return f"no cached probe results in {folder}"
+    out = []
+    for f in files:
+        try:
+            r = ProbeResult.from_dict(json.loads(f.read_text()), str(f))
+        except (OSError, ValueError, ProbeError) as e:
+            out.append(f"{f}: unusable ({e})")
+            continue
+        how = ", ".join(f"{k} {v}" for k, v in r.settings.items()) or "settings not recorded"
+        levels = ", ".join(f"{lv.name} {lv.bandwidth * 8 / 1e6:.0f} Mbit/s {lv.latency * 1e6:.0f} us" for lv in r.levels)
+        out.append(f"{f}\n  hosts: {' '.join(r.hosts)}\n  tree: {json.dumps(r.tree)}\n  levels: {levels}\n"
+                   f"  measured: {r.measured_at or 'unknown'} ({r.seconds:.2f} s, {r.rounds} rounds, {r.flows} "
+                   f"flows; {how})\n  last verified: {r.verified_at or 'never'}")
+    return "\n".join(out)
 
 
 def probed() -> topology.Topology | None:
@@ -86,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         for name in topology.library():
             t = topology.load(name)
             print(f"{name:<20}{len(_placement(t, None)):>7} ranks  {t.graph.number_of_nodes():>6} vertices")
+        return 0
+    if args.probe_cache is not None:
+        from .. import config
+        from ..topology.probe import cache
+
+        print(cached_probes(args.probe_cache or config.get("DDL_PROBE_CACHE") or cache.default_directory()))
         return 0
     if args.probe:
         if args.source:

@@ -21,12 +21,14 @@ def switch_levels(comm, reports: list[dict], options, hierarchy=None, topology=N
     say = _reporter(comm.rank, options.dbg_level)
     if why_not is None:
         outcome = session.survey_hosts(comm, rank_hosts, options, environ)
+        if outcome.warning:
+            say(f"probe: {outcome.warning}", always=True)
         if outcome.result is not None:
             r = outcome.result
             say(f"probe {outcome.how}: {len(r.hosts)} hosts in {len(r.levels)} level(s) "
                 f"({', '.join(f'{lv.name} {lv.bandwidth * 8 / 1e6:.0f} Mbit/s' for lv in r.levels)}); "
                 + (f"{outcome.seconds:.2f} s, {r.rounds} rounds, {r.flows} flows" if outcome.how == "measured"
-                   else "no measuring"))
+                   else "no survey"))
             for note in r.notes:
                 say(f"probe: {note}")
             return r

@@ -74,7 +74,21 @@ def test_flat_switch_stays_one_level_and_the_cache_serves_the_next_job(tmp_path)
     report, log = found_by_probe("8x1:nic=100mbit", tmp_path)
     assert report["tree"] == list(range(8)) and "1 level(s)" in log, log
     again, log2 = found_by_probe("8x1:nic=100mbit", tmp_path)
-    assert again["tree"] == report["tree"] and "probe cached" in log2
+    assert again["tree"] == report["tree"] and "probe cached, verified against the network" in log2, log2
+
+
+def test_a_cache_from_another_network_with_the_same_names_is_measured_again(tmp_path):
+    """Issue 31's stale memory: a job on four hosts behind one switch, then four hosts of the same names in two
+    racks behind a slower uplink. The second job must not plan over the flat tree it finds in the cache."""
+    flat, _ = found_by_probe("4x1:nic=200mbit", tmp_path, {"DDL_PROBE": "1"})
+    assert canonical(rank_groups(flat["tree"], flat["hosts"])) == ["node0", "node1", "node2", "node3"]
+    racks = "2x2x1:nic=200mbit:uplink=50mbit"
+    want = canonical(host_groups(emulate.topology(racks)))
+    report, log = found_by_probe(racks, tmp_path, {"DDL_PROBE": "1"})
+    assert "does not match the network" in log and "measuring again" in log and "probe measured" in log, log
+    assert canonical(rank_groups(report["tree"], report["hosts"])) == want, log
+    again, log = found_by_probe(racks, tmp_path, {"DDL_PROBE": "1"})  # the new result serves the next job
+    assert "verified against the network" in log and canonical(rank_groups(again["tree"], again["hosts"])) == want
 
 
 def test_a_probe_past_its_budget_falls_back_to_hosts(tmp_path):

@@ -154,3 +154,56 @@ def test_probe_settings_are_checked():
         parse("-probe sometimes")
     with pytest.raises(ProbeError):
         raise ProbeError("x")
+
+
+# -- a cached result checked against the network (verify) ------------------------------------------------------
+
+from ddl.topology.probe.verify import verify  # noqa: E402
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("seed", range(3))
+def test_a_cached_tree_agrees_with_its_own_network_under_noise(shape, seed):
+    tree, nic, uplinks = SHAPES[shape]
+    hosts = hosts_of(tree)
+    cached = survey(hosts, Network.tree(tree, nic, uplinks, noise=0.2, seed=seed).measure(hosts))
+    verdict = verify(cached, hosts, Network.tree(tree, nic, uplinks, noise=0.2, seed=seed + 7).measure(hosts))
+    assert verdict.agrees, verdict.why
+    # a handful of rounds: both directions of one cut per level, twice; far below the survey's
+    assert verdict.rounds <= 4 * len(cached.levels) < cached.rounds
+
+
+RACKS = [["n0", "n1"], ["n2", "n3"]]
+CHANGES = {  # (the network the cache was measured on, the network now): the same four names
+    "flat, then two racks behind a slower uplink": ((["n0", "n1", "n2", "n3"], G, []), (RACKS, G, [G / 4])),
+    "two racks, then flat": ((RACKS, G, [G / 4]), (["n0", "n1", "n2", "n3"], G, [])),
+    "two racks, then a slower uplink": ((RACKS, G, [G / 2]), (RACKS, G, [G / 8])),
+    "flat, then slower NICs": ((["n0", "n1", "n2", "n3"], G, []), (["n0", "n1", "n2", "n3"], G / 4, [])),
+    "hosts moved between racks": ((RACKS, G, [G / 4]), ([["n0", "n2"], ["n1", "n3"]], G, [G / 4])),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=str)
+def test_a_cached_tree_of_another_network_is_refused_naming_a_flow(change):
+    (before, nic0, up0), (after, nic1, up1) = CHANGES[change]
+    hosts = ["n0", "n1", "n2", "n3"]
+    cached = survey(hosts, Network.tree(before, nic0, up0).measure(hosts))
+    verdict = verify(cached, hosts, Network.tree(after, nic1, up1, noise=0.1).measure(hosts))
+    assert not verdict.agrees
+    assert " -> " in verdict.why and "Mbit/s where the cached tree predicts" in verdict.why
+
+
+def test_the_cache_records_when_and_how_and_ddl_topo_shows_it(tmp_path):
+    from ddl.tools.topo import cached_probes
+
+    r = result()
+    r.measured_at, r.verified_at = "2026-01-02T03:04:05+00:00", "2026-02-03T04:05:06+00:00"
+    r.settings = {"window": 16, "repeats": 2, "budget": 5.0, "flow_bytes": 65536}
+    cache.save(str(tmp_path), r)
+    got, _ = cache.load(str(tmp_path), list(r.hosts))
+    assert (got.measured_at, got.verified_at, got.settings) == (r.measured_at, r.verified_at, r.settings)
+    (tmp_path / "probe-broken.json").write_text("{")
+    text = cached_probes(str(tmp_path))
+    assert "measured: 2026-01-02T03:04:05+00:00" in text and "last verified: 2026-02-03T04:05:06+00:00" in text
+    assert "window 16" in text and "leaf 800 Mbit/s" in text and "spine 400 Mbit/s" in text
+    assert "probe-broken.json: unusable" in text

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import asdict
+from datetime import datetime, timezone
 
 import numpy as np
 
@@ -18,8 +20,11 @@ from .grouping import Flow
 from .result import ProbeError, ProbeResult
 from .schedule import DEFAULT_WINDOW, patterns
 from .survey import survey
+from .verify import Verdict, verify
 
 MIN_BYTES, MAX_BYTES, CALIBRATION_BYTES = 64 << 10, 16 << 20, 1 << 20
+# A verifying round is short: flows below this measured up to 2x a shaped 50 Mbit/s uplink on the emulator
+VERIFY_MIN_BYTES = 256 << 10
 PINGS = 3
 _TAG = 7700
 
@@ -131,6 +136,45 @@ def probe(comm, rank_hosts: list[str], budget: float, timeout: float, window: in
           repeats: int = 2) -> ProbeResult:
     """Runs the probe on every rank of ``comm`` (mpi4py); ``rank_hosts``: each rank's host. Raises ProbeError
     on every rank, with the same reason, where there is no result."""
+    def survey_as_leader(sub, hosts: list[str]) -> dict:
+        run = Leaders(sub, hosts, budget, timeout)
+        started = time.perf_counter()
+        run.calibrate(4 * repeats * len(patterns(len(hosts), window)))
+        result = survey(hosts, run.round, window, repeats)
+        result.seconds = time.perf_counter() - started
+        result.measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        result.settings = {"window": window, "repeats": repeats, "budget": budget, "flow_bytes": run.nbytes}
+        return result.to_dict()
+
+    outcome = _on_leaders(comm, rank_hosts, survey_as_leader, budget + 4 * timeout)
+    if "error" in outcome:
+        raise ProbeError(outcome["error"])
+    return ProbeResult.from_dict(outcome)
+
+
+def check(comm, rank_hosts: list[str], cached: ProbeResult, timeout: float,
+          seconds_per_round: float = 0.1) -> Verdict:
+    """Verifies ``cached`` against the network on every rank of ``comm`` (ddl.topology.probe.verify), with flows
+    sized to last ``seconds_per_round`` at the rate the cached tree predicts for them. The same Verdict on every
+    rank; one that could not measure disagrees, naming why."""
+    def verify_as_leader(sub, hosts: list[str]) -> dict:
+        run = Leaders(sub, hosts, float("inf"), timeout)
+
+        def size_flows(rate: float) -> None:  # (the same on every leader: it follows from the cached tree)
+            run.nbytes = int(min(MAX_BYTES, max(VERIFY_MIN_BYTES, rate * seconds_per_round)))
+        return asdict(verify(cached, hosts, run.round, expect=size_flows))
+
+    rounds = 4 * cached.depth
+    outcome = _on_leaders(comm, rank_hosts, verify_as_leader, rounds * (seconds_per_round * 20 + 4 * timeout))
+    if "error" in outcome:
+        return Verdict(False, outcome["error"], 0, 0)
+    return Verdict(**outcome)
+
+
+def _on_leaders(comm, rank_hosts: list[str], work, seconds: float) -> dict:
+    """``work(leaders, hosts)`` on one leader per host (``leaders``: their communicator, in ``hosts``' order);
+    the first host's leader's dict (or ``{"error": why}`` from a ProbeError) reaches every rank of ``comm``
+    within ``seconds``."""
     from mpi4py import MPI
 
     hosts = sorted(set(rank_hosts), key=natural_key)
@@ -138,28 +182,19 @@ def probe(comm, rank_hosts: list[str], budget: float, timeout: float, window: in
     leader = first[rank_hosts[comm.rank]] == comm.rank
     root = first[hosts[0]]
     sub = comm.Split(0 if leader else MPI.UNDEFINED, hosts.index(rank_hosts[comm.rank]) if leader else 0)
-    outcome: dict
+    outcome: dict = {}
     if leader:
         try:
-            run = Leaders(sub, hosts, budget, timeout)
-            started = time.perf_counter()
-            run.calibrate(4 * repeats * len(patterns(len(hosts), window)))
-            result = survey(hosts, run.round, window, repeats)
-            result.seconds = time.perf_counter() - started
-            outcome = result.to_dict()
+            outcome = work(sub, hosts)
         except ProbeError as e:
             outcome = {"error": str(e)}
-    else:
-        outcome = {}
     text = json.dumps(outcome).encode() if comm.rank == root else b""
     size = np.array([len(text)], np.int64)
-    deadline = time.monotonic() + budget + 4 * timeout
+    deadline = time.monotonic() + seconds
     _wait([comm.Ibcast(size, root=root)], deadline, "probe: no result from the first host's leader")
     buf = np.frombuffer(text, np.uint8).copy() if comm.rank == root else np.empty(int(size[0]), np.uint8)
     _wait([comm.Ibcast(buf, root=root)], deadline, "probe: no result from the first host's leader")
     outcome = json.loads(buf.tobytes())
     if leader and "error" not in outcome:
         sub.Free()  # after a failure messages may still be in flight on it: it is kept, never reused
-    if "error" in outcome:
-        raise ProbeError(outcome["error"])
-    return ProbeResult.from_dict(outcome)
+    return outcome

@@ -37,6 +37,9 @@ class ProbeResult:
     flows: int = 0
     notes: list[str] = field(default_factory=list)
     source: str = "probe"            # "probe" (measured) or "scheduler" (nominal costs)
+    measured_at: str = ""            # when (UTC, ISO 8601)
+    settings: dict = field(default_factory=dict)  # how: window, repeats, budget, flow bytes
+    verified_at: str = ""            # when a job last checked it against the network (UTC, ISO 8601)
 
     @property
     def depth(self) -> int:
@@ -45,7 +48,8 @@ class ProbeResult:
     def to_dict(self) -> dict:
         return {"format": FORMAT, "hosts": self.hosts, "tree": self.tree,
                 "levels": [lv.to_dict() for lv in self.levels], "seconds": self.seconds, "rounds": self.rounds,
-                "flows": self.flows, "notes": self.notes, "source": self.source}
+                "flows": self.flows, "notes": self.notes, "source": self.source, "measured_at": self.measured_at,
+                "settings": self.settings, "verified_at": self.verified_at}
 
     @classmethod
     def from_dict(cls, d, where: str = "probe result") -> "ProbeResult":
@@ -78,7 +82,9 @@ class ProbeResult:
             raise bad("tree: must hold every host once")
         return cls(list(hosts), tree, out, float(d.get("seconds", 0.0)), int(d.get("rounds", 0)),
                    int(d.get("flows", 0)), [str(n) for n in d.get("notes", [])],
-                   "scheduler" if d.get("source") == "scheduler" else "probe")
+                   "scheduler" if d.get("source") == "scheduler" else "probe", str(d.get("measured_at", "")),
+                   dict(d.get("settings") or {}) if isinstance(d.get("settings", {}), dict) else {},
+                   str(d.get("verified_at", "")))
 
 
 def _number(x) -> bool:

@@ -11,19 +11,21 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from ... import config
 from ...errors import DDLError
 from . import cache
-from .measure import natural_key, probe
+from .measure import check, natural_key, probe
 from .result import ProbeError, ProbeResult
 
 
 @dataclass
 class Outcome:
     result: ProbeResult | None
-    how: str            # "measured", "cached", or why there is no result ("off", "given", a failure)
-    seconds: float = 0.0
+    how: str            # "measured", "cached ...", or why there is no result ("off", "given", a failure)
+    seconds: float = 0.0  # measuring, or verifying a cached result
+    warning: str | None = None  # what the job must hear whatever its -dbg_level (a stale cache)
 
 
 def wanted(options, hosts: list[str], hierarchy=None, topology=None, environ=os.environ) -> str | None:
@@ -46,27 +48,53 @@ def survey_hosts(comm, rank_hosts: list[str], options, environ=os.environ) -> Ou
     measured (and cached). Failures come back as an Outcome without a result, with the reason."""
     hosts = sorted(set(rank_hosts), key=natural_key)
     folder = config.get("DDL_PROBE_CACHE", environ) or cache.default_directory()
-    note = None
+    note = warning = None
     if folder != "off" and options.probe != "force":
         found, note = cache.load(folder, hosts) if comm.rank == 0 else (None, None)
         found = comm.bcast(found.to_dict() if found is not None else None, root=0)
         if found is not None:
-            return Outcome(ProbeResult.from_dict(found), "cached")
+            cached = ProbeResult.from_dict(found)
+            if options.probe == "trust":
+                return Outcome(cached, "cached (trusted, not verified)")
+            start = time.perf_counter()
+            verdict = check(comm, rank_hosts, cached, min(options.timeout, 5.0))
+            seconds = time.perf_counter() - start
+            if verdict.agrees:
+                cached.verified_at = _now()
+                if comm.rank == 0:
+                    _save(folder, cached)
+                return Outcome(cached, f"cached, verified against the network in {seconds:.2f} s "
+                                       f"({verdict.rounds} rounds, {verdict.flows} flows)", seconds)
+            note = (f"the cached result for these hosts (measured {cached.measured_at or 'at an unknown time'}) does "
+                    f"not match the network: {verdict.why}; measuring again")
+            warning = note
     budget = _seconds(config.get("DDL_PROBE_BUDGET", environ), "DDL_PROBE_BUDGET")
     window = int(_seconds(config.get("DDL_PROBE_WINDOW", environ), "DDL_PROBE_WINDOW"))
     start = time.perf_counter()
     try:
         result = probe(comm, rank_hosts, budget, min(options.timeout, max(2.0, budget)), window)
     except ProbeError as e:
-        return Outcome(None, f"failed: {e}" + (f" ({note})" if note else ""), time.perf_counter() - start)
+        return Outcome(None, f"failed: {e}" + (f" ({note})" if note else ""), time.perf_counter() - start, warning)
     if note:
         result.notes.append(note)
     if folder != "off" and comm.rank == 0:
-        try:
-            cache.save(folder, result)
-        except OSError as e:
-            result.notes.append(f"probe cache {folder} not written: {e}")
-    return Outcome(result, "measured", time.perf_counter() - start)
+        written = _save(folder, result)
+        if written:
+            result.notes.append(written)
+    return Outcome(result, "measured", time.perf_counter() - start, warning)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _save(folder: str, result: ProbeResult) -> str | None:
+    """Writes the cache; why not, if it could not."""
+    try:
+        cache.save(folder, result)
+    except OSError as e:
+        return f"probe cache {folder} not written: {e}"
+    return None
 
 
 def _seconds(text: str, name: str) -> float:
