@@ -13,8 +13,8 @@ one the cut that tells it from its nearest alternatives:
 
 Each level runs both directions in rounds of their own (as the survey does) and ``repeats`` times: a handful of
 short rounds, against a survey's dozens. The tree disagrees when a bottleneck's measured rate differs from the
-predicted one by more than the grouping's noise margin either way. Pure, like ``survey``: ``measure`` runs the
-rounds over MPI (ddl.topology.probe.measure) or over a simulated network in the tests.
+predicted one by more than the grouping's noise margin (slower) or its square (faster). Pure, like ``survey``:
+``measure`` runs the rounds over MPI (ddl.topology.probe.measure) or over a simulated network in the tests.
 """
 from __future__ import annotations
 
@@ -123,7 +123,9 @@ def verify(result: ProbeResult, hosts: list[str], measure: Measure, repeats: int
             for child, seen in out.items():
                 rate, src, dst = min(seen)
                 got, cached = len(seen) * rate, want[child]
-                if not cached / margin <= got <= cached * margin:
+                # (faster than predicted gets the margin twice: a short round's receivers start their clocks
+                # after some bytes already left, which reads up to 1.6x fast across a shaped uplink)
+                if not cached / margin <= got <= cached * margin * margin:
                     what = "a host's link" if level == 0 and len(seen) == 1 else f"{len(seen)} flow(s) out of " \
                         f"a group at level {result.levels[level].name}"
                     return Verdict(False, f"{hosts[src]} -> {hosts[dst]}: {what} moved "
