@@ -3,8 +3,8 @@
 #                1 Gbit/s NICs, 500 Mbit/s uplinks) with ddl beside its peers, table + plot in bench-results/;
 #                without root, ddl-bench: 4 ranks on this host, ddl beside MPI_Allreduce
 #   make test    set up, then run every test: unit tests (in parallel), ddlrun end to end (tests/launch),
-#                tests/mpi under mpiexec at 1, 2, 3, 8 ranks, tests/train (ddl.torch at 2 and 4 ranks, Keras on
-#                torch and on tensorflow at 2), the examples under ddlrun from the repository root
+#                tests/mpi under mpiexec at 1, 2, 3, 8 ranks, tests/train (ddl.torch, Lightning and Accelerate at
+#                2 and 4 ranks, Keras on torch and on tensorflow at 2), the examples under ddlrun from the root
 #                (Keras on torch and JAX, PyTorch), then tests/cluster on emulated clusters (skipped without root
 #                and network namespaces)
 # MPI=mpich selects the MPICH wheel instead of Open MPI (each gets its own virtual environment and build).
@@ -69,7 +69,7 @@ mpi-subset: $(STAMP)
 	cd tests && ../$(PY) mpi_suite.py --ranks 2
 
 train: $(STAMP)
-	cd tests && ../$(PY) mpi_suite.py train/test_torch.py train/test_torch_backend.py train/test_torch_fsdp.py train/test_horovod_torch.py --ranks 2 4
+	cd tests && ../$(PY) mpi_suite.py train/test_torch.py train/test_torch_backend.py train/test_torch_fsdp.py train/test_horovod_torch.py train/test_trainers.py --ranks 2 4
 	cd tests && KERAS_BACKEND=torch ../$(PY) mpi_suite.py train/test_keras.py train/test_horovod_keras.py --ranks 2
 	cd tests && KERAS_BACKEND=tensorflow ../$(PY) mpi_suite.py train/test_keras.py train/test_horovod_keras.py --ranks 2
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 -n 2 examples  # two at a time: much of it waits
