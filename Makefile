@@ -6,7 +6,7 @@
 #                tests/mpi under mpiexec at 1, 2, 3, 8 ranks, tests/train (ddl.torch, Lightning and Accelerate at
 #                2 and 4 ranks, Keras on torch and on tensorflow at 2), the examples under ddlrun from the root
 #                (Keras on torch and JAX, PyTorch), then tests/cluster on emulated clusters (skipped without root
-#                and network namespaces)
+#                and network namespaces), then the documentation site (make docs)
 # MPI=mpich selects the MPICH wheel instead of Open MPI (each gets its own virtual environment and build).
 #
 # Open MPI, the default, is installed editable with the extension built in place: the checkout itself is then
@@ -20,7 +20,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ddl-installed
 NATIVE := setup.py pyproject.toml $(wildcard native/*.cpp native/src/*.cpp native/include/ddl/*.hpp)
 ifeq ($(MPI),openmpi)
-  INSTALL := -e ".[test,train]"
+  INSTALL := -e ".[test,train,docs]"
   SOURCES := $(NATIVE)
 else
   INSTALL := ".[test]"
@@ -30,7 +30,7 @@ endif
 TORCH ?= $(or $(firstword $(wildcard /opt/wheels/torch-*+cpu-*.whl)),torch)
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: setup bench test second-mpi unit launch mpi mpi-subset train cluster cluster-subset stubs clean
+.PHONY: setup bench test second-mpi unit launch mpi mpi-subset train cluster cluster-subset docs stubs clean
 
 setup: $(STAMP)
 
@@ -82,15 +82,24 @@ cluster: $(STAMP)
 cluster-subset: $(STAMP)
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 cluster/test_emulated.py -k "spine or deadline or ddlrun_emulate_runs"
 
+# The documentation site (site/index.html): pages generated from the code first, then MkDocs with --strict (a broken
+# link or reference fails), then the pages' runnable scripts.
+docs: $(STAMP)
+	$(PY) docs/generate.py
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider docs
+	@echo "documentation: site/index.html"
+
 stubs: $(STAMP)
 	cd tests && ../$(PY) -m ddl.tools.stubs
 
 test: $(STAMP)
-	@bash tests/stages.sh $(MPI) unit launch mpi train cluster
+	@bash tests/stages.sh $(MPI) unit launch mpi train cluster $(if $(filter openmpi,$(MPI)),docs)
 
 # CI's pass on the second MPI (see .ci/run).
 second-mpi: $(STAMP)
 	@bash tests/stages.sh $(MPI) launch mpi-subset cluster-subset
 
 clean:
-	rm -rf build .venv-* *.egg-info ddl/_native*.so bench-results.json bench-results
+	rm -rf build .venv-* *.egg-info ddl/_native*.so bench-results.json bench-results site docs/results \
+	  docs/reference/settings.md docs/reference/cli.md docs/reference/schemas.md

@@ -23,7 +23,8 @@ class Setting:
 SETTINGS = {
     s.name: s
     for s in (
-        Setting("DDL_OPTIONS", "", "IBM DDL option string: -mode, -dump_iter, -dbg_level, -check, ... (see README)"),
+        Setting("DDL_OPTIONS", "", "IBM DDL option string: -mode, -dump_iter, -dbg_level, -check, ... "
+                "(docs/reference/options.md)"),
         Setting("DDL_TIMEOUT", "300", "seconds a collective may go without any progress before it fails naming the peer"),
         Setting("DDL_ALGO", "auto", "force allreduce algorithms: one for every level or a comma list per level, innermost "
                 "first; each auto, ring, rabenseifner, direct, or (top level only) exchange, recursive_doubling "

@@ -46,7 +46,7 @@ def sizes(begin: int, end: int, factor: float | None = 2.0, step: int | None = N
     return out
 
 
-def parse_args(argv):
+def parser() -> Parser:
     ap = Parser(prog="ddl-bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("-b", "--minbytes", type=size, default=8)
     ap.add_argument("-e", "--maxbytes", type=size, default=64 << 20)
@@ -67,6 +67,11 @@ def parse_args(argv):
                     help="run more iterations where needed to time at least this long (0: exactly -n)")
     ap.add_argument("--algo", default="ddl,mpi", help="comma list of " + ", ".join(Runner.ALGOS))
     ap.add_argument("--np", type=int, default=0, help="launch this many ranks with mpiexec (this host)")
+    return ap
+
+
+def parse_args(argv):
+    ap = parser()
     args = ap.parse_args(argv)
     if args.run_cycles < 1:
         ap.error("-N/--run_cycles must be at least 1 (nccl-tests' 0 runs forever; ddl-bench does not)")

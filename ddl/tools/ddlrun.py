@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--mpi", choices=MPI_NAMES, help="the MPI to launch with (default: the mpiexec found; $DDL_MPIEXEC "
         "names one); bare, before the program (horovodrun's --mpi), it is accepted and changes nothing")
     add("--elastic", action="store_true", help="survive lost ranks: the others shrink, re-plan and go on from "
-        "the last ddl.elastic commit (Open MPI's ULFM; see README)")
+        "the last ddl.elastic commit (Open MPI's ULFM; see docs/guides/elastic.md)")
     add("--min-np", "-min-np", dest="min_np", type=_positive, help="elastic: the fewest ranks to go on with "
         "(horovodrun's flag; giving it asks for --elastic)")
     add("--max-np", "-max-np", dest="max_np", type=_positive, help="elastic: the most ranks (default -np); "
@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
         "available now, 'host:slots' a line; run before every launch and every --discovery-interval seconds")
     add("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
         help="seconds between two runs of the discovery script while the job runs (default 1, as horovodrun)")
-    # horovodrun's command line (see README, "Coming from Horovod")
+    # horovodrun's command line (docs/guides/horovod.md)
     add("-p", "--ssh-port", dest="ssh_port", type=_positive, help="the hosts' ssh port (horovodrun's -p)")
     add("--network-interface", "--network-interfaces", dest="iface", metavar="NIC",
         help="keep MPI's traffic between hosts on this interface (horovodrun's flag)")
