@@ -33,7 +33,7 @@ __all__ = [
     "init", "finalize", "initialized", "communicator", "new_team", "rank", "size", "local_rank", "local_size",
     "num_hosts",
     "allreduce", "allreduce_n", "grads_reduce", "broadcast", "bcast", "allgather", "reduce_scatter", "alltoall",
-    "barrier",
+    "barrier", "join",
     "explain",
     "allreduce_async", "broadcast_async", "allgather_async", "synchronize", "poll", "Handle",
     "ArgumentError", "DDLError", "DeviceError", "MismatchError", "RankFailure", "TopologyError", "TransportError", "Communicator",
