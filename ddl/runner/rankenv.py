@@ -5,7 +5,8 @@ GROUP_RANK = the host's index, MASTER_ADDR/MASTER_PORT where unset, OMP_NUM_THRE
 ranks and it is unset) and those keras.distribution.initialize() reads (KERAS_DISTRIBUTION_PROCESS_ID,
 _NUM_PROCESSES, _JOB_ADDRESSES = MASTER_ADDR:MASTER_PORT), taken from MPI's launcher and ddlrun's
 placement (DDL_HOST_LIST); one GPU by local rank (CUDA_VISIBLE_DEVICES) where ddlrun says so (DDL_BIND_GPU);
-its own log files (DDL_OUTPUT_DIR/rank.N/stdout and stderr). The program runs as a child, so that a failure
+its own log files (DDL_OUTPUT_DIR/rank.N/stdout and stderr); under ddl's horovodrun, horovodrun's HOROVOD_RANK,
+_SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE and _HOSTNAME. The program runs as a child, so that a failure
 is reported with the rank and host it happened on; signals from the launcher are passed on to it. In an
 elastic job (DDL_ELASTIC=1) this process becomes the program instead (see _become).
 """
@@ -49,6 +50,8 @@ def rank_variables(environ) -> dict[str, str]:
     elif "MASTER_ADDR" in out:
         out["MASTER_PORT"] = environ.get("MASTER_PORT") or MASTER_PORT
     out.update(_keras_distribution(environ, out))
+    if environ.get("DDL_HOROVOD_VARIABLES") == "1":
+        out.update(_horovod(out, groups))
     if int(out["LOCAL_WORLD_SIZE"]) > 1 and not environ.get("OMP_NUM_THREADS"):
         out["OMP_NUM_THREADS"] = "1"  # ranks sharing a host would each start a thread per core (torch, numpy)
     if environ.get("DDL_BIND_GPU") == "1":
@@ -56,6 +59,14 @@ def rank_variables(environ) -> dict[str, str]:
         local = int(out["LOCAL_RANK"])
         out["CUDA_VISIBLE_DEVICES"] = visible[local % len(visible)] if visible else str(local)
     return out
+
+
+def _horovod(out: dict[str, str], groups: list) -> dict[str, str]:
+    """What horovodrun's launcher gives each rank (scripts written for Horovod read HOROVOD_RANK before init):
+    set by ddl's horovodrun command. Cross rank and size: the host's index and the number of hosts."""
+    return {"HOROVOD_RANK": out["RANK"], "HOROVOD_SIZE": out["WORLD_SIZE"], "HOROVOD_LOCAL_RANK": out["LOCAL_RANK"],
+            "HOROVOD_LOCAL_SIZE": out["LOCAL_WORLD_SIZE"], "HOROVOD_CROSS_RANK": out.get("GROUP_RANK", "0"),
+            "HOROVOD_CROSS_SIZE": str(len(groups) or 1), "HOROVOD_HOSTNAME": socket.gethostname()}
 
 
 def _keras_distribution(environ, out: dict[str, str]) -> dict[str, str]:

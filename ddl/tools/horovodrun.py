@@ -10,6 +10,7 @@ Installed only with the extra (``pip install ddl[horovod]``; from a checkout, ``
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 
 from . import ddlrun
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(w in ("-v", "--verbose") for w in options):
         for note in notes:
             print(f"horovodrun (ddl): {note}", file=sys.stderr)
+    os.environ["DDL_HOROVOD_VARIABLES"] = "1"  # every rank gets horovodrun's HOROVOD_* (ddl.runner.rankenv)
     return ddlrun.main(options + (["--"] + program if program else []))
 
 

@@ -26,6 +26,15 @@ def test_rank_variables_from_open_mpi_and_the_host_list():
     assert "OMP_NUM_THREADS" not in rankenv.rank_variables(alone)  # one rank per host: all its cores
 
 
+def test_horovodrun_gives_each_rank_horovods_variables():
+    env = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "DDL_HOST_LIST": "a:0,2,4,6;b:1,3,5,7"}
+    assert not any(k.startswith("HOROVOD_") for k in rankenv.rank_variables(env))  # ddlrun's own jobs: none
+    got = rankenv.rank_variables({**env, "DDL_HOROVOD_VARIABLES": "1"})
+    assert {k: v for k, v in got.items() if k.startswith("HOROVOD_") and k != "HOROVOD_HOSTNAME"} == {
+        "HOROVOD_RANK": "5", "HOROVOD_SIZE": "8", "HOROVOD_LOCAL_RANK": "2", "HOROVOD_LOCAL_SIZE": "4",
+        "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2"}
+
+
 def test_rank_variables_from_hydra_without_a_host_list():
     env = {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
     assert rankenv.rank_variables(env) == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
