@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import ddl
 from ..core.communicator import Communicator
-from ..errors import DDLError, TransportError
+from ..core.join import JOIN_CALL
+from ..errors import DDLError, MismatchError, TransportError
 
 # Horovod's reduction ops, as ddl names them
 Average, Sum, Adasum, Min, Max, Product = "avg", "sum", "adasum", "min", "max", "prod"
@@ -66,9 +67,31 @@ def init(comm=None, process_sets=None) -> None:
     ``process_sets`` (a list of ProcessSet or of rank lists) on every rank."""
     if isinstance(comm, (list, tuple)):
         unsupported("hvd.init(comm=[ranks])", "ddl.init(comm=MPI.COMM_WORLD.Create_group(...)) or process sets")
+    again = ddl.initialized() and comm is None
     ddl.init(comm)
+    if again:
+        _meet_again(ddl.communicator())
     for s in process_sets or []:
         add_process_set(s)
+
+
+_INIT_CALL = "hvd.init()"
+
+
+def _meet_again(comm) -> None:
+    """``hvd.init()`` once initialised (every rank calls it, as a script or Horovod's suite does at each test):
+    the ranks meet here before going on. A rank that left a computation early (an error on that rank only)
+    then costs the others that computation's calls, which fail on their ranks with MismatchError naming
+    ``hvd.init()`` until they reach it, and nothing after: without the meeting, every later call would pair with
+    another. A rank in ``join`` is not waited for (it waits for allreduces): the init fails there instead."""
+    comm.drain()
+    while True:
+        try:
+            comm.agree(_INIT_CALL)
+            return
+        except MismatchError as e:
+            if not e.calls or JOIN_CALL in e.calls:
+                raise
 
 
 def shutdown() -> None:

@@ -492,6 +492,17 @@ def test_join_serves_the_others_allreduces_with_zeros():
         assert n == 1 or last != first
 
 
+def test_init_again_brings_a_rank_that_left_early_back_in_step():
+    """A rank leaves a loop of collectives early (an error on it alone) and calls hvd.init() (a script's or the
+    suite's next test): the others' calls meanwhile fail naming init, then every rank meets there, in step."""
+    r, n = hvd.rank(), hvd.size()
+    if r != 0:
+        with pytest.raises(ddl.MismatchError, match=r"hvd\.init\(\)"):
+            hvd.allreduce(torch.ones(3))
+    hvd.init()
+    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)))
+
+
 def test_join_serves_the_optimizers_gradient_allreduces():
     """Uneven data under DistributedOptimizer: rank 0 runs out after one step and joins; the others' later
     steps average their gradients with its zeros (divided by every rank), as Horovod's join does."""
