@@ -65,9 +65,8 @@ def survey_hosts(comm, rank_hosts: list[str], options, environ=os.environ) -> Ou
                     _save(folder, cached)
                 return Outcome(cached, f"cached, verified against the network in {seconds:.2f} s "
                                        f"({verdict.rounds} rounds, {verdict.flows} flows)", seconds)
-            note = (f"the cached result for these hosts (measured {cached.measured_at or 'at an unknown time'}) does "
-                    f"not match the network: {verdict.why}; measuring again")
-            warning = note
+            warning = (f"the cached result for these hosts (measured {cached.measured_at or 'at an unknown time'}) "
+                       f"does not match the network: {verdict.why}; measuring again")
     budget = _seconds(config.get("DDL_PROBE_BUDGET", environ), "DDL_PROBE_BUDGET")
     window = int(_seconds(config.get("DDL_PROBE_WINDOW", environ), "DDL_PROBE_WINDOW"))
     start = time.perf_counter()
