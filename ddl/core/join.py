@@ -28,18 +28,30 @@ def beside_joined(error: MismatchError, rank: int, size: int) -> bool:
     return mine != JOIN_CALL and JOIN_CALL in calls and all(c in (JOIN_CALL, mine) for c in calls)
 
 
-def serve_until_all_joined(comm) -> None:
-    """Runs on a joined rank: agreement rounds of ``join()`` until every rank calls it, joining each allreduce
-    the others make meanwhile with zeros."""
+def wait_for_all(comm, call: str, beside) -> None:
+    """Agreement rounds of ``call`` (after the submitted collectives) until every rank of ``comm`` makes it.
+    Each time the others called something else, the round mismatches on every rank (theirs raise there) and
+    ``beside(calls)`` hears what each rank called: it may take part in the others' call; False stops the wait,
+    raising the mismatch here too."""
     comm.drain()
     while True:
         try:
-            comm.agree(JOIN_CALL)
+            comm.agree(call)
             return
         except MismatchError as e:
-            others = {c for c in (e.calls or []) if c != JOIN_CALL}
-            call = _ALLREDUCE_CALL.fullmatch(others.pop()) if len(others) == 1 else None
-            if call is None:
-                continue  # (the others raised; they come back with their next call)
+            if not beside(e.calls or []):
+                raise
+
+
+def serve_until_all_joined(comm) -> None:
+    """Runs on a joined rank: agreement rounds of ``join()`` until every rank calls it, joining each allreduce
+    the others make meanwhile with zeros."""
+    def serve(calls: list[str]) -> bool:
+        others = {c for c in calls if c != JOIN_CALL}
+        call = _ALLREDUCE_CALL.fullmatch(others.pop()) if len(others) == 1 else None
+        if call is not None:  # (otherwise the others raised; they come back with their next call)
             shape = tuple(int(n) for n in call.group(1).replace(" ", "").split(",") if n)
             comm.allreduce(np.zeros(shape, np.dtype(call.group(2))), call.group(3))
+        return True
+
+    wait_for_all(comm, JOIN_CALL, serve)

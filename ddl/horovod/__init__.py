@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import ddl
 from ..core.communicator import Communicator
-from ..core.join import JOIN_CALL
-from ..errors import DDLError, MismatchError, TransportError
+from ..core.join import JOIN_CALL, wait_for_all
+from ..errors import DDLError, TransportError
 
 # Horovod's reduction ops, as ddl names them
 Average, Sum, Adasum, Min, Max, Product = "avg", "sum", "adasum", "min", "max", "prod"
@@ -84,14 +84,7 @@ def _meet_again(comm) -> None:
     then costs the others that computation's calls, which fail on their ranks with MismatchError naming
     ``hvd.init()`` until they reach it, and nothing after: without the meeting, every later call would pair with
     another. A rank in ``join`` is not waited for (it waits for allreduces): the init fails there instead."""
-    comm.drain()
-    while True:
-        try:
-            comm.agree(_INIT_CALL)
-            return
-        except MismatchError as e:
-            if not e.calls or JOIN_CALL in e.calls:
-                raise
+    wait_for_all(comm, _INIT_CALL, lambda calls: bool(calls) and JOIN_CALL not in calls)
 
 
 def shutdown() -> None:

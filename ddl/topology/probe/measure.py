@@ -12,12 +12,11 @@ import json
 import re
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
 
 import numpy as np
 
 from .grouping import Flow
-from .result import ProbeError, ProbeResult
+from .result import ProbeError, ProbeResult, utc_now
 from .schedule import DEFAULT_WINDOW, patterns
 from .survey import survey
 from .verify import Verdict, verify
@@ -143,7 +142,7 @@ def probe(comm, rank_hosts: list[str], budget: float, timeout: float, window: in
         run.calibrate(4 * repeats * len(patterns(len(hosts), window)))
         result = survey(hosts, run.round, window, repeats)
         result.seconds = time.perf_counter() - started
-        result.measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        result.measured_at = utc_now()
         result.settings = {"window": window, "repeats": repeats, "budget": budget, "flow_bytes": run.nbytes}
         return result.to_dict()
 

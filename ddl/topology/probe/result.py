@@ -3,6 +3,7 @@ the cache, the broadcast to every rank and ``ddl-topo --probe``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from ...errors import TopologyError
 
@@ -80,11 +81,17 @@ class ProbeResult:
         found = _hosts_of(tree, bad, len(out))
         if sorted(found) != sorted(hosts) or len(set(found)) != len(found):
             raise bad("tree: must hold every host once")
+        settings = d.get("settings")
         return cls(list(hosts), tree, out, float(d.get("seconds", 0.0)), int(d.get("rounds", 0)),
                    int(d.get("flows", 0)), [str(n) for n in d.get("notes", [])],
                    "scheduler" if d.get("source") == "scheduler" else "probe", str(d.get("measured_at", "")),
-                   dict(d.get("settings") or {}) if isinstance(d.get("settings", {}), dict) else {},
+                   dict(settings) if isinstance(settings, dict) else {},
                    str(d.get("verified_at", "")))
+
+
+def utc_now() -> str:
+    """A result's timestamps (measured_at, verified_at): UTC, ISO 8601, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def _number(x) -> bool:

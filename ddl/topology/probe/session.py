@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
 from ... import config
 from ...errors import DDLError
 from . import cache
 from .measure import check, natural_key, probe
-from .result import ProbeError, ProbeResult
+from .result import ProbeError, ProbeResult, utc_now
 
 
 @dataclass
@@ -60,7 +59,7 @@ def survey_hosts(comm, rank_hosts: list[str], options, environ=os.environ) -> Ou
             verdict = check(comm, rank_hosts, cached, min(options.timeout, 5.0))
             seconds = time.perf_counter() - start
             if verdict.agrees:
-                cached.verified_at = _now()
+                cached.verified_at = utc_now()
                 if comm.rank == 0:
                     _save(folder, cached)
                 return Outcome(cached, f"cached, verified against the network in {seconds:.2f} s "
@@ -81,10 +80,6 @@ def survey_hosts(comm, rank_hosts: list[str], options, environ=os.environ) -> Ou
         if written:
             result.notes.append(written)
     return Outcome(result, "measured", time.perf_counter() - start, warning)
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def _save(folder: str, result: ProbeResult) -> str | None:

@@ -104,7 +104,7 @@ def verify(result: ProbeResult, hosts: list[str], measure: Measure, repeats: int
     rounds = flows = 0
     for level in range(result.depth):
         both = level_pairs(root, level)
-        for pattern in ([(a, b) for a, b in both], [(b, a) for a, b in both]):
+        for pattern in (both, [(b, a) for a, b in both]):
             if not pattern:
                 continue
             want = predicted(root, result, level, pattern)
