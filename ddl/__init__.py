@@ -23,6 +23,7 @@ from . import gpu as _gpu  # noqa: F401 (registers the device collectives with d
 from . import options as _options
 from . import config as _config
 from .config import launched_by_mpi as _launched_by_mpi
+from .core import bootstrap as _bootstrap
 from .core.asynchronous import Handle
 from .core.communicator import Communicator
 from .errors import ArgumentError, DDLError, DeviceError, MismatchError, RankFailure, TopologyError, TransportError
@@ -65,6 +66,8 @@ def init(comm=None, options: str | None = None, hierarchy=None, topology=None) -
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
+    elif comm is None and _bootstrap.environment() is not None:  # torchrun, an operator, or variables by hand
+        comm = _bootstrap.world(opts.timeout)
     _world = (Communicator.from_mpi(comm, opts, hierarchy, topology) if comm is not None
               else Communicator(None, 0, 1, opts, hierarchy=hierarchy, topology=topology))
     if opts.timeline:  # the trace is written at finalize(); a script that never calls it still gets one

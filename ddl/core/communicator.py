@@ -34,7 +34,7 @@ from ..topology import discover
 from ..units import format_size
 from ..topology.switches import switch_levels
 from ..topology import tree as hierarchical
-from . import devices, flight, host, rollcall, timeline
+from . import bootstrap, devices, flight, host, rollcall, timeline
 from .asynchronous import Handle, Worker
 from .agreement import CAPACITY, Agreement, hash64
 from .diagnostics import CallTimer, check_against_mpi
@@ -151,7 +151,7 @@ class Communicator:
         allreduces then follow the topology found, or the one given (ddl.planner.sources)."""
         dup = comm.Dup()
         options = options or parse()
-        reports, where = discover.exchange(dup)
+        reports, where = discover.exchange(dup, by_name=bootstrap.joined_through is not None)
         probed = switch_levels(dup, reports, options, hierarchy, topology)
         executor = _native.Executor.mpi(dup) if dup.size > 1 else None
         return cls(executor, dup.rank, dup.size, options, mpi_comm=dup, local=where,

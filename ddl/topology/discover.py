@@ -19,13 +19,18 @@ from ..errors import TopologyError
 from .graph import Topology
 
 
-def exchange(comm) -> tuple[list[dict], tuple[int, int, int]]:
+def exchange(comm, by_name: bool = False) -> tuple[list[dict], tuple[int, int, int]]:
     """Every rank's report, gathered on the mpi4py communicator ``comm``, and this rank's (local rank, local
     size, hosts). Each host is named by its processor name, made unique by its first rank when two
-    shared-memory groups share a name."""
+    shared-memory groups share a name. ``by_name``: a host is its processor name (ranks that joined through a
+    store: MPI places every one of them on one node, each having been alone in its own world)."""
     from mpi4py import MPI
 
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    if by_name:
+        names = comm.allgather(MPI.Get_processor_name())
+        local = comm.Split(names.index(names[comm.rank]), comm.rank)
+    else:
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         first = local.bcast(comm.rank)
         name = local.bcast(MPI.Get_processor_name())

@@ -32,6 +32,9 @@ import torch
 import torch.distributed as dist
 
 import ddl
+from ddl import options as ddl_options
+from ddl.config import launched_by_mpi
+from ddl.core import bootstrap
 from ddl.errors import DDLError
 
 from . import (_copy_into, _host_view, allgather, allgather_into, allreduce_, broadcast_,  # ddl.torch imports
@@ -314,11 +317,15 @@ def _split_into(outs, flat: torch.Tensor, call: str, rank: int) -> None:
 
 def _create(opts, pg_options=None) -> ProcessGroupDDL:
     """torch's creator (extended API): the world group shares ddl's communicator; a new group gets its own."""
+    if not ddl.initialized() and not launched_by_mpi() and opts.group_size > 1 and not opts.global_ranks_in_group:
+        # started alone (torchrun, an operator): the ranks join one MPI communicator through torch's store
+        timeout = ddl_options.parse().timeout
+        ddl.init(comm=bootstrap.join(opts.store, opts.group_rank, opts.group_size, timeout))
     world = ddl.communicator()
     ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
     if world.size == 1 and opts.group_size > 1:
         raise DDLError(f"the ddl backend runs on MPI ranks, but this process is alone in MPI while torch expects "
-                       f"{opts.group_size}: launch with ddlrun (or mpirun)")
+                       f"{opts.group_size}: launch with ddlrun (or mpirun), or torchrun")
     me = ranks[opts.group_rank] if opts.group_rank < len(ranks) else -1
     if me != world.rank:
         raise DDLError(f"torch.distributed rank {me} is MPI rank {world.rank}: the ddl backend needs them equal "

@@ -2,7 +2,7 @@
 
     job.py REPORT_FILE [SIZE_BYTES [auto|flat-ring]]
 
-Rank 0 writes {"hosts": ..., "tree": ..., "levels": ...} to REPORT_FILE; with SIZE_BYTES every rank allreduces
+Runs under mpirun or torchrun. Rank 0 writes {"hosts": ..., "tree": ..., "levels": ...} to REPORT_FILE; with SIZE_BYTES every rank allreduces
 float32 values rank+1 once and exits 1 if an element differs from the closed form p(p+1)/2.
 """
 import json
@@ -17,8 +17,8 @@ def main() -> int:
 
     from ddl.options import parse
 
-    comm = MPI.COMM_WORLD
-    ddl.init(comm)
+    ddl.init()  # MPI's world under mpirun; under torchrun, the world joined through its store
+    comm = ddl.communicator().mpi_comm
     flat_ring = len(sys.argv) > 3 and sys.argv[3] == "flat-ring"
     c = ddl.Communicator.from_mpi(comm, options=parse("-algo ring"), hierarchy=list(range(comm.size))) \
         if flat_ring else ddl.communicator()
