@@ -81,9 +81,9 @@ cluster: $(STAMP)
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 -n 2 cluster  # two clusters at a time: byte counts, no timings, are asserted
 
 # What CI runs on the second MPI: the emulated cluster itself, its traffic on the shaped links and its deadline
-# (the probe, DDP and elastic jobs run on Open MPI).
+# (the probe, DDP and elastic jobs run on Open MPI), and torchrun on each node (MPICH 4 only: its processes join).
 cluster-subset: $(STAMP)
-	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 cluster/test_emulated.py -k "spine or deadline or ddlrun_emulate_runs"
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=600 cluster/test_emulated.py cluster/test_torchrun.py -k "spine or deadline or ddlrun_emulate_runs or torchrun"
 
 # The documentation site (site/index.html): pages generated from the code first, then MkDocs with --strict (a broken
 # link or reference fails), then the pages' runnable scripts.

@@ -2,7 +2,7 @@
 
     python benchmarks/allreduce_job.py --algos ddl,ddl-ring,mpi --sizes 1K,64M --out results.json
 
-Launched by benchmarks/topologies.py inside the emulated cluster, once per round and per MPI setting (Open MPI
+Launched by benchmarks/topologies.py (and benchmarks/torchrun.py, which also starts it with torchrun) inside the emulated cluster, once per round and per MPI setting (Open MPI
 with coll/han, Open MPI with coll/tuned, MPICH); rank 0 writes JSON: ``runs`` {algorithm: {size: [microseconds,
 one per repeat]}}, a measurement being the max over ranks of the mean per call (out of place, float32, sum);
 ``times`` the median of each; for ddl also the time its cost model predicts per size (``predicted``), where its
@@ -33,8 +33,8 @@ def main() -> int:
     from ddl.tools.measure import Runner, measure
     from ddl.units import parse_size
 
-    comm = MPI.COMM_WORLD
-    ddl.init(comm)
+    ddl.init()  # MPI's world under an MPI launcher; under torchrun, the world joined through its store
+    comm = ddl.communicator().mpi_comm
     runners = [Runner(a, comm) for a in args.algos.split(",")]
     f32 = np.dtype(np.float32)
     runs: dict = {r.algo: {} for r in runners}

@@ -25,6 +25,9 @@ SETTINGS = {
     for s in (
         Setting("DDL_OPTIONS", "", "IBM DDL option string: -mode, -dump_iter, -dbg_level, -check, ... "
                 "(docs/reference/options.md)"),
+        Setting("DDL_BOOTSTRAP", "auto", "how a job started without an MPI launcher (torchrun, RANK/WORLD_SIZE/"
+                "MASTER_ADDR/MASTER_PORT) forms its world: auto (its processes join one MPI communicator through "
+                "the store, MPICH 4 only), mpi (never: each process alone unless an MPI launcher started it)"),
         Setting("DDL_TIMEOUT", "300", "seconds a collective may go without any progress before it fails naming the peer"),
         Setting("DDL_ALGO", "auto", "force allreduce algorithms: one for every level or a comma list per level, innermost "
                 "first; each auto, ring, rabenseifner, direct, or (top level only) exchange, recursive_doubling "

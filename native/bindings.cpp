@@ -426,12 +426,14 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("size", &LoopbackHub::size);
 
   py::class_<Executor>(m, "Executor")
-      .def_static("mpi", [](py::handle comm) {
+      .def_static("mpi", [](py::handle comm, bool yield_when_idle) {
         if (import_mpi4py() < 0) throw py::error_already_set();
         MPI_Comm* c = PyMPIComm_Get(comm.ptr());
         if (c == nullptr) throw py::error_already_set();
-        return std::make_unique<Executor>(std::make_shared<MpiTransport>(*c));
-      }, py::arg("comm"), "Executor over an mpi4py communicator (keep the communicator alive).")
+        return std::make_unique<Executor>(std::make_shared<MpiTransport>(*c, yield_when_idle));
+      }, py::arg("comm"), py::arg("yield_when_idle") = false,
+      "Executor over an mpi4py communicator (keep the communicator alive); yield_when_idle: give the core away "
+      "between polls where MPI itself does not.")
       .def_static("loopback", [](std::shared_ptr<LoopbackHub> hub, int rank) {
         if (rank < 0 || rank >= hub->size()) throw std::invalid_argument("rank outside the hub");
         return std::make_unique<Executor>(std::make_shared<LoopbackTransport>(hub, rank));

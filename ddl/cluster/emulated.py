@@ -334,17 +334,18 @@ class Cluster:
         return subprocess.CompletedProcess(full, done.returncode, done.stdout, done.stderr)
 
     def torchrun(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 600,
-                 port: int = 29400) -> list[subprocess.CompletedProcess]:
+                 port: int = 29400, python: str | None = None) -> list[subprocess.CompletedProcess]:
         """Runs argv (a Python script and its arguments) as a torchrun job, no MPI launcher: one torchrun per host (as many processes as the
         topology places there), meeting through a c10d rendezvous on the first host. MPI's traffic is kept on
         TCP over the emulated links (MPICH's UCX module would cross between namespaces by shared memory). The
         job gets no topology: ddl sees hosts and probes for switches as on a cluster nobody describes. Past
         ``timeout`` seconds, or once one host's torchrun fails, everything on the cluster is stopped.
-        Returns each host's completed torchrun, captured, in host order."""
+        ``python``: the environment whose torchrun runs it (default: this one's). Returns each host's
+        completed torchrun, captured, in host order."""
         if not self._up:
             raise ClusterError(f"cluster {self.name!r} is not up")
         per_host = {h: self.rank_hosts.count(h) for h in dict.fromkeys(self.rank_hosts)}
-        exe = str(Path(sys.executable).with_name("torchrun"))
+        exe = str(Path(python or sys.executable).with_name("torchrun"))
         extra = {"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0", **(env or {})}
         endpoint = f"{self.address(next(iter(per_host)))}:{port}"
         logs = {h: (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for h in per_host}

@@ -19,7 +19,7 @@ import sys
 import threading
 from datetime import timedelta
 
-from ..config import launched_by_mpi
+from ..config import SETTINGS, launched_by_mpi
 from ..errors import DDLError
 
 VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -30,7 +30,7 @@ joined_through = None  # "store" once this process's world was formed here (ddl.
 def environment(environ=os.environ) -> tuple[int, int] | None:
     """(rank, size) when the environment says this process is one of several started without an MPI launcher;
     None when an MPI launcher started it, a variable is missing, or the job has one process."""
-    if launched_by_mpi(environ) or environ.get("DDL_BOOTSTRAP", "auto") == "mpi":
+    if launched_by_mpi(environ) or SETTINGS["DDL_BOOTSTRAP"].get(environ) == "mpi":
         return None
     if not all(environ.get(v) for v in VARIABLES):
         return None
@@ -43,18 +43,22 @@ def environment(environ=os.environ) -> tuple[int, int] | None:
     return (rank, size) if size > 1 else None
 
 
-def check_mpi(rank: int) -> None:
-    """Refuses, in one line, an MPI whose singletons cannot connect to each other."""
+def mpi_library() -> str:
+    """This MPI in a few words: "MPICH 4.3.2", "Open MPI v5.0.11"."""
     from mpi4py import MPI
 
-    library = MPI.Get_library_version()
-    words = library.split()
-    if library.startswith("MPICH") and len(words) > 2 and words[2].split(".")[0] == "4":
+    first = (MPI.Get_library_version().splitlines() or ["unknown MPI"])[0].split(",")[0]
+    return " ".join(first.replace("Version:", "").split())
+
+
+def check_mpi(rank: int) -> None:
+    """Refuses, in one line, an MPI whose singletons cannot connect to each other."""
+    library = mpi_library()
+    if library.startswith("MPICH 4."):
         return
-    first = library.splitlines()[0].split(",")[0].strip() if library else "unknown"
     raise DDLError(f"rank {rank}: ddl without an MPI launcher (torchrun, RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) "
                    f"needs MPICH 4 (make MPI=mpich setup, or pip install 'mpich<5' before mpi4py and ddl); this "
-                   f"ddl runs on {first}, whose separately started processes cannot connect: launch with ddlrun "
+                   f"ddl runs on {library}, whose separately started processes cannot connect: launch with ddlrun "
                    f"(or mpirun) instead")
 
 

@@ -153,7 +153,7 @@ class Communicator:
         options = options or parse()
         reports, where = discover.exchange(dup, by_name=bootstrap.joined_through is not None)
         probed = switch_levels(dup, reports, options, hierarchy, topology)
-        executor = _native.Executor.mpi(dup) if dup.size > 1 else None
+        executor = _native.Executor.mpi(dup, yield_when_idle=_mpi_spins()) if dup.size > 1 else None
         return cls(executor, dup.rank, dup.size, options, mpi_comm=dup, local=where,
                    hierarchy=hierarchy, topology=topology, reports=reports, probed=probed)
 
@@ -375,7 +375,7 @@ class Communicator:
     def explain(self, nbytes: int) -> Explanation:
         """What an allreduce of ``nbytes`` would do here: levels, groups, algorithms, bytes per link kind,
         predicted time against the topology's lower bound (the same as ``ddl-topo --plan``)."""
-        said = explain(self.plan_for(nbytes), nbytes)
+        said = replace(explain(self.plan_for(nbytes), nbytes), transport=self._transport())
         if self._host is None:
             return said
         steps = -(-nbytes // self._host.native.slot_bytes)
@@ -384,6 +384,14 @@ class Communicator:
                f"per rank")
         return replace(said, runs_on=f"runs on the host memory level instead (the {self.size} ranks share one "
                                      f"host: one shared-memory segment, no messages): {how}")
+
+    def _transport(self) -> str:
+        """Every level's messages go over MPI point-to-point (NCCL's levels say so in their "via" column)."""
+        if self._mpi is None:
+            return ""
+        how = ("the ranks joined through the launcher's store (no MPI launcher)" if bootstrap.joined_through
+               else "the ranks started by an MPI launcher")
+        return f"MPI point-to-point messages ({bootstrap.mpi_library()}), {how}"
 
     @property
     def grid(self):
@@ -1147,3 +1155,12 @@ def _deliver(result: np.ndarray, out: np.ndarray | None, in_out: bool) -> np.nda
     if not in_out:
         np.copyto(out, result)
     return out
+
+
+def _mpi_spins() -> bool:
+    """Whether this MPI polls without ever giving its core away (MPICH): the executor then yields between polls,
+    or ranks that outnumber cores starve the one they wait for. Open MPI yields itself when told to (ddlrun
+    and the emulated cluster set mpi_yield_when_idle)."""
+    from mpi4py import MPI
+
+    return not MPI.Get_library_version().startswith("Open MPI")

@@ -21,6 +21,7 @@ class Explanation:
     phases: tuple[Phase, ...]
     link_bytes: tuple[float, ...]  # per level: bytes one child sends over the level's links
     runs_on: str = ""         # where the call really runs when not on this plan (the host memory level)
+    transport: str = ""       # what carries the levels' messages, and how the ranks found each other
 
     @property
     def nranks(self) -> int:
@@ -44,6 +45,7 @@ class Explanation:
             "phases": [p.__dict__ for p in self.phases],
             "predicted_seconds": self.predicted, "lower_bound_seconds": self.bound,
             "lower_bound_reason": self.bound_reason, "efficiency": self.efficiency, "runs_on": self.runs_on,
+            "transport": self.transport,
         }
 
     def text(self) -> str:
@@ -73,6 +75,8 @@ class Explanation:
         lines.append(f"predicted efficiency {100 * self.efficiency:.1f} % of the lower bound")
         if self.runs_on:
             lines.append(self.runs_on)
+        if self.transport:
+            lines.append(f"transport: {self.transport}")
         return "\n".join(lines)
 
     __str__ = text

@@ -1,5 +1,7 @@
 #include "ddl/mpi_transport.hpp"
 
+#include <sched.h>
+
 #include <climits>
 #if __has_include(<mpi-ext.h>)
 #include <mpi-ext.h>  // Open MPI's extensions: ULFM's MPIX_ names (MPICH declares them in mpi.h)
@@ -7,7 +9,7 @@
 
 namespace ddl {
 
-MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
+MpiTransport::MpiTransport(MPI_Comm comm, bool yield_when_idle) : comm_(comm), yield_when_idle_(yield_when_idle) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -15,6 +17,10 @@ MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
   int flag = 0;
   MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &flag);
   if (flag && ub) max_tag_ = *ub;
+}
+
+void MpiTransport::idle() {
+  if (yield_when_idle_) sched_yield();
 }
 
 void MpiTransport::check(int rc, const char* what, int peer) const {

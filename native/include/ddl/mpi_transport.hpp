@@ -11,7 +11,9 @@ namespace ddl {
 
 class MpiTransport final : public Transport {
  public:
-  explicit MpiTransport(MPI_Comm comm);
+  // yield_when_idle: sched_yield() whenever the executor has nothing to do (for an MPI that spins, such as
+  // MPICH, where ranks outnumber cores; Open MPI yields inside its progress engine when told to).
+  MpiTransport(MPI_Comm comm, bool yield_when_idle);
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int max_tag() const override { return max_tag_; }
@@ -20,6 +22,7 @@ class MpiTransport final : public Transport {
   Handle irecv(void* data, size_t nbytes, int peer, int tag) override;
   bool test(Handle h) override;
   void abandon() override;
+  void idle() override;
 
  private:
   Handle take_slot(MPI_Request r);
@@ -28,6 +31,7 @@ class MpiTransport final : public Transport {
 
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1, max_tag_ = 32767;
+  bool yield_when_idle_ = false;
   std::vector<MPI_Request> slots_;
   std::vector<Handle> free_;
 };

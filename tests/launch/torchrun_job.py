@@ -1,0 +1,149 @@
+"""A job written for torchrun, run by tests/launch/test_torchrun.py without any MPI launcher.
+
+    torchrun_job.py ddp|fsdp     dist.init_process_group("ddl"); DDP or FSDP2 trains 4 steps on this rank's
+                                 share of a global batch; every rank checks its weights against one process
+                                 training on the whole batch (torch alone, no collective)
+    torchrun_job.py numpy REPORT ddl.init() in a plain script; an allreduce checked in closed form; rank 0 writes
+                                 what ddl saw (ranks, local ranks, hosts) to REPORT
+    torchrun_job.py dies         ddl.init(), then the last rank exits before an allreduce: the others must fail
+                                 naming it (each prints the error's text)
+
+    torchrun_job.py restarts     on torchrun's first attempt the last rank exits after ddl.init(); on the next
+                                 (--max-restarts) every rank allreduces, checked in closed form
+
+Exits 1 with a line on stderr when a check fails.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+STEPS, BATCH, FEATURES = 4, 24, 6
+
+
+def model():
+    import torch
+
+    torch.manual_seed(7)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def batch(step: int):
+    import torch
+
+    g = torch.Generator().manual_seed(100 + step)
+    x = torch.randn(BATCH, FEATURES, generator=g)
+    return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def train(net, rank: int, size: int, share: bool):
+    """Plain SGD on mean squared error; with ``share`` each rank takes its contiguous BATCH/size rows."""
+    import torch
+
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for step in range(STEPS):
+        x, y = batch(step)
+        if share:
+            rows = BATCH // size
+            x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+
+
+def check(rank: int, got: dict, want: dict) -> int:
+    import torch
+
+    for name, w in want.items():
+        if not torch.allclose(got[name], w, rtol=1e-5, atol=1e-6):
+            print(f"rank {rank}: {name} differs from one process on the whole batch by "
+                  f"{(got[name] - w).abs().max().item():.3g}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def trained(kind: str) -> int:
+    import torch
+    import torch.distributed as dist
+
+    import ddl.torch  # noqa: F401  (registers the "ddl" backend)
+
+    dist.init_process_group("ddl")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    reference = model()
+    train(reference, 0, 1, share=False)
+    net = model()
+    if kind == "ddp":
+        wrapped = torch.nn.parallel.DistributedDataParallel(net)
+        train(wrapped, rank, size, share=True)
+        got = dict(net.named_parameters())
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in net:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(net)
+        train(net, rank, size, share=True)
+        got = {n: p.full_tensor() for n, p in net.named_parameters()}
+    failed = check(rank, {n: t.detach() for n, t in got.items()}, dict(reference.named_parameters()))
+    dist.destroy_process_group()
+    if not failed:
+        print(f"rank {rank} of {size}: {kind} equals one process", flush=True)
+    return failed
+
+
+def plain(report: str) -> int:
+    import ddl
+
+    ddl.init()
+    rank, size = ddl.rank(), ddl.size()
+    y = ddl.allreduce(np.arange(1000, dtype=np.float64) * (rank + 1))
+    if not np.array_equal(y, np.arange(1000, dtype=np.float64) * size * (size + 1) / 2):
+        print(f"rank {rank}: wrong allreduce", file=sys.stderr)
+        return 1
+    seen = ddl.communicator().mpi_comm.gather({"rank": rank, "env_rank": int(os.environ["RANK"]), "size": size,
+                                               "local_rank": ddl.local_rank(), "local_size": ddl.local_size(),
+                                               "hosts": ddl.num_hosts(), "transport": ddl.explain(1 << 20).transport})
+    if rank == 0:
+        with open(report, "w") as f:
+            json.dump(seen, f)
+    return 0
+
+
+def dies() -> int:
+    import ddl
+
+    ddl.init()
+    rank, size = ddl.rank(), ddl.size()
+    if rank == size - 1:
+        os._exit(3)
+    try:
+        ddl.allreduce(np.ones(1 << 16, np.float32))
+    except ddl.DDLError as e:
+        print(f"rank {rank} failed: {e}", flush=True)
+        return 0
+    print(f"rank {rank}: the allreduce succeeded without rank {size - 1}", file=sys.stderr)
+    return 1
+
+
+def restarts() -> int:
+    import ddl
+
+    ddl.init()
+    rank, size, attempt = ddl.rank(), ddl.size(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if attempt == 0 and rank == size - 1:
+        os._exit(3)
+    y = ddl.allreduce(np.full(1000, rank + 1.0))
+    if not np.all(y == size * (size + 1) / 2):
+        print(f"rank {rank}: wrong allreduce on attempt {attempt}", file=sys.stderr)
+        return 1
+    print(f"rank {rank} of {size}: attempt {attempt} allreduced", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    what = sys.argv[1]
+    sys.exit(trained(what) if what in ("ddp", "fsdp") else plain(sys.argv[2]) if what == "numpy" else
+             restarts() if what == "restarts" else dies())
