@@ -310,10 +310,11 @@ class Cluster:
 
     def mpirun(self, argv: list[str], mpiexec: str | None = None, env: dict[str, str] | None = None,
                timeout: float = 600, quiet: bool = False, capture: bool = False,
-               tell_topology: bool = True) -> subprocess.CompletedProcess:
+               tell_topology: bool = True, mpich_tcp: str = "ofi") -> subprocess.CompletedProcess:
         """Runs argv as an MPI job on the cluster (mpiexec started on the first host), ranks placed as the
         topology says, with DDL_TOPOLOGY pointing at it so ddl plans over the emulated switches (unless
-        ``tell_topology`` is False: then ddl sees only hosts, as on a cluster nobody describes). A job past
+        ``tell_topology`` is False: then ddl sees only hosts, as on a cluster nobody describes; ``mpich_tcp``:
+        MPICH's module for TCP, ofi or ucx). A job past
         ``timeout`` seconds is stopped (status supervise.TIMED_OUT), as is one interrupted (INTERRUPTED); a
         failed or stopped job leaves nothing running on any node."""
         if not self._up:
@@ -322,7 +323,7 @@ class Cluster:
         extra = {**({"DDL_TOPOLOGY": str(self.workdir / "topology.json")} if tell_topology else {}), **(env or {})}
         try:
             cmd, menv = mpirun.cluster_command(exe, self.rank_hosts, str(self.workdir / "agent.sh"), argv,
-                                               forward=sorted(extra),
+                                               forward=sorted(extra), mpich_tcp=mpich_tcp,
                                                iface="eth0" if self.links else "lo")  # one node: no NIC
         except ValueError as e:
             raise ClusterError(f"cluster {self.name!r}: {e}") from None
@@ -334,10 +335,12 @@ class Cluster:
         return subprocess.CompletedProcess(full, done.returncode, done.stdout, done.stderr)
 
     def torchrun(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 600,
-                 port: int = 29400, python: str | None = None) -> list[subprocess.CompletedProcess]:
+                 port: int = 29400, python: str | None = None,
+                 mpich_tcp: str = "ofi") -> list[subprocess.CompletedProcess]:
         """Runs argv (a Python script and its arguments) as a torchrun job, no MPI launcher: one torchrun per host (as many processes as the
         topology places there), meeting through a c10d rendezvous on the first host. MPI's traffic is kept on
-        TCP over the emulated links (MPICH's UCX module would cross between namespaces by shared memory). The
+        TCP over the emulated links (``mpich_tcp``: through ofi or ucx; UCX's shared memory would cross between
+        namespaces). The
         job gets no topology: ddl sees hosts and probes for switches as on a cluster nobody describes. Past
         ``timeout`` seconds, or once one host's torchrun fails, everything on the cluster is stopped.
         ``python``: the environment whose torchrun runs it (default: this one's). Returns each host's
@@ -346,7 +349,7 @@ class Cluster:
             raise ClusterError(f"cluster {self.name!r} is not up")
         per_host = {h: self.rank_hosts.count(h) for h in dict.fromkeys(self.rank_hosts)}
         exe = str(Path(python or sys.executable).with_name("torchrun"))
-        extra = {"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0", **(env or {})}
+        extra = {**mpirun.mpich_tcp_env(mpich_tcp, "eth0"), **(env or {})}
         endpoint = f"{self.address(next(iter(per_host)))}:{port}"
         logs = {h: (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for h in per_host}
         procs = {h: subprocess.Popen(self.exec_argv(h, [exe, "--nnodes", str(len(per_host)), "--nproc-per-node",

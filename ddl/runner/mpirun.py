@@ -48,6 +48,7 @@ class Job:
     agent: str | None = None                      # ssh's replacement for reaching hosts (the emulated cluster)
     iface: str | None = None                      # keep MPI's traffic between hosts on this interface
     tcp: bool = False                             # TCP sockets, never InfiniBand, UCX or shared-memory netmods
+    mpich_tcp: str = "ofi"                        # MPICH's module for those sockets: ofi (libfabric) or ucx
     mpiargs: tuple = ()                           # the user's own launcher arguments, passed as given
     timeout: int | None = None                    # the launcher's own deadline (a backstop to the caller's)
     fault_tolerant: bool = False                  # ULFM: a dead rank is reported to the others, not fatal
@@ -117,13 +118,22 @@ def _mpich(mpiexec: str, job: Job) -> tuple[list[str], dict[str, str]]:
     # Hydra's default network module (UCX) would bypass emulated links through shared memory between
     # "hosts" of one machine, and InfiniBand where --tcp asks for sockets: TCP through libfabric.
     if job.tcp:
-        cmd += ["-genv", "MPICH_CH4_NETMOD", "ofi", "-genv", "FI_PROVIDER", "tcp"]
-        if job.iface:
-            cmd += ["-genv", "FI_TCP_IFACE", job.iface]
+        for name, value in mpich_tcp_env(job.mpich_tcp, job.iface).items():
+            cmd += ["-genv", name, value]
     for name, value in job.set_env.items():
         cmd += ["-genv", name, value]
     # job.forward: hydra passes the launcher's whole environment to every rank by default.
     return cmd, ({"MPIEXEC_TIMEOUT": str(job.timeout)} if job.timeout else {})
+
+
+def mpich_tcp_env(netmod: str, iface: str | None) -> dict[str, str]:
+    """The variables that keep MPICH on TCP sockets (over ``iface``): through libfabric's tcp provider (ofi) or
+    UCX's tcp transport (ucx; measured faster on the emulated clusters, benchmarks/results/torchrun.md)."""
+    if netmod == "ofi":
+        return {"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", **({"FI_TCP_IFACE": iface} if iface else {})}
+    if netmod == "ucx":
+        return {"MPICH_CH4_NETMOD": "ucx", "UCX_TLS": "tcp,self", **({"UCX_NET_DEVICES": iface} if iface else {})}
+    raise DDLError(f"MPICH's TCP module {netmod!r}: ofi or ucx")
 
 
 def command(nranks: int, argv: list[str], timeout: int | None = None) -> tuple[list[str], dict[str, str]]:
@@ -180,9 +190,11 @@ def _hydra_hosts(rank_hosts: list[str]) -> str:
 
 
 def cluster_command(mpiexec: str, rank_hosts: list[str], agent: str, argv: list[str], forward: list[str] = (),
-                    timeout: int | None = None, iface: str = "eth0") -> tuple[list[str], dict[str, str]]:
+                    timeout: int | None = None, iface: str = "eth0",
+                    mpich_tcp: str = "ofi") -> tuple[list[str], dict[str, str]]:
     """(command, environment) running argv with rank r on host rank_hosts[r], reaching hosts through
-    ``agent`` (ssh's place) and keeping MPI's traffic between hosts on TCP over ``iface``."""
+    ``agent`` (ssh's place) and keeping MPI's traffic between hosts on TCP over ``iface`` (MPICH: through
+    ``mpich_tcp``, ofi or ucx)."""
     job = Job(list(argv), len(rank_hosts), list(rank_hosts), forward=tuple(forward), agent=agent, iface=iface,
-              tcp=True, timeout=timeout)
+              tcp=True, timeout=timeout, mpich_tcp=mpich_tcp)
     return build(flavor(mpiexec), mpiexec, job, root=os.geteuid() == 0, cores=os.cpu_count() or 1)

@@ -8,7 +8,7 @@ from ddl.tools import ddlrun
 from ddl.cluster import spec as emulate
 
 from ddl.runner import mpirun
-from ddl.errors import TopologyError
+from ddl.errors import DDLError, TopologyError
 
 
 def hosts_of(t):
@@ -81,6 +81,15 @@ def test_mpich_command_keeps_traffic_on_the_links(monkeypatch):
                    "-hosts", "n0:2,n1:1", "-n", "3", "-genv", "MPICH_CH4_NETMOD", "ofi",
                    "-genv", "FI_PROVIDER", "tcp", "-genv", "FI_TCP_IFACE", "eth0", "prog"]
     assert env == {"MPIEXEC_TIMEOUT": "60"}
+
+
+def test_mpich_over_ucx_keeps_ucx_on_tcp_over_the_links(monkeypatch):
+    monkeypatch.setattr(mpirun, "flavor", lambda exe: "mpich")
+    cmd, _ = mpirun.cluster_command("/v/bin/mpiexec", ["n0", "n1"], "/w/agent.sh", ["prog"], mpich_tcp="ucx")
+    assert cmd[cmd.index("-n") + 2:] == ["-genv", "MPICH_CH4_NETMOD", "ucx", "-genv", "UCX_TLS", "tcp,self",
+                                         "-genv", "UCX_NET_DEVICES", "eth0", "prog"]
+    with pytest.raises(DDLError, match="'verbs': ofi or ucx"):
+        mpirun.mpich_tcp_env("verbs", "eth0")
 
 
 def test_mpich_gets_each_host_once():
