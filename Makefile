@@ -105,4 +105,4 @@ second-mpi: $(STAMP)
 
 clean:
 	rm -rf build .venv-* *.egg-info ddl/_native*.so bench-results.json bench-results site docs/results \
-	  docs/reference/settings.md docs/reference/cli.md docs/reference/schemas.md
+	  docs/reference/settings.md docs/reference/options.md docs/reference/cli.md docs/reference/schemas.md

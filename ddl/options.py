@@ -1,9 +1,8 @@
 """IBM DDL's option string (DDL_OPTIONS, ``ddl.init(options=...)``) plus ddl's own options.
 
-IBM's grammar: ``-mode <letter>[:<dims>]`` (letters r n b c m p; dims AxBxCxD, one per tier, innermost
-first), ``-dump_iter N``, ``-dev_sync 0|1|2``, ``-rebind_iter N``, ``-dbg_level 0|1|2``, ``-check TOL``.
-ddl adds ``-timeout S``, ``-algo NAME[,NAME...]``, ``-segment BYTES``, ``-inflight N``, ``-topology FILE``,
-``-plan FILE``, ``-probe auto|0|1|force``, ``-timeline FILE``, ``-shm auto|0``. Options not given fall back to the DDL_* variables of ddl.config.
+IBM's grammar (``-mode``, ``-dump_iter``, ``-dev_sync``, ``-rebind_iter``, ``-dbg_level``, ``-check``) and ddl's
+own options, each of which overrides one DDL_* setting of ddl.config; every one is declared in ``OPTIONS`` below,
+from which docs/reference/options.md is generated. Options not given fall back to the DDL_* settings.
 """
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from . import config
 from .errors import DDLError
@@ -144,23 +144,49 @@ def _from_environment(environ) -> Options:
     )
 
 
-# option name -> (field, converter)
-_PARSERS = {
-    "mode": ("mode", parse_mode),
-    "dump_iter": ("dump_iter", lambda v: _number("dump_iter", v)),
-    "dev_sync": ("dev_sync", lambda v: _number("dev_sync", v)),
-    "rebind_iter": ("rebind_iter", lambda v: _number("rebind_iter", v)),
-    "dbg_level": ("dbg_level", lambda v: _number("dbg_level", v)),
-    "check": ("check", lambda v: _number("check", v, float)),
-    "timeout": ("timeout", lambda v: _number("timeout", v, float, 0.001)),
-    "algo": ("algo", algorithms),
-    "segment": ("segment", lambda v: _segment(_number("segment", v, int, 1))),
-    "inflight": ("inflight", lambda v: _number("inflight", v, int, 1)),
-    "topology": ("topology", str),
-    "plan": ("plan", str),
-    "probe": ("probe", probe_mode),
-    "timeline": ("timeline", str),
-    "shm": ("shm", shm_mode),
+@dataclass(frozen=True)
+class Option:
+    """One entry of the option string: the Options field it sets, how its value is read, what it means (the
+    options reference is generated from this table), and the DDL_* setting it overrides, if any."""
+    field: str
+    convert: Callable[[str], object]
+    meaning: str
+    setting: str | None = None
+    value: str = "N"
+
+
+OPTIONS = {
+    "mode": Option("mode", parse_mode, value="<l>[:AxBx…]", meaning=(
+        "IBM's mode. Dims: one per tier, innermost first, over consecutive ranks (`r:4x2`: ranks 0–3 and 4–7 are "
+        "the groups); they must multiply to the rank count, else IBM's error `invalid dim size=A usr_size=B "
+        "dim[0]=…`, and become the tree large allreduces follow. Letter: the algorithm of every level: `r` ring; "
+        "`c` (\"RCS\", never documented by IBM; read as recursive halving/doubling) rabenseifner; `m` (MPI "
+        "reduce_scatter + allgatherv) its point-to-point twin, direct exchange; `n`/`b` (NCCL where possible, else "
+        "ring) ring on host arrays; `p` (explore) the cost model per level. `-algo`/`DDL_ALGO` override the "
+        "letter.")),
+    "dump_iter": Option("dump_iter", lambda v: _number("dump_iter", v), meaning=(
+        "every N allreduce calls, rank 0 prints the mean time per call and per level and phase (see "
+        "[Per-level timing](../guides/timeline.md))")),
+    "dev_sync": Option("dev_sync", lambda v: _number("dev_sync", v), meaning=(
+        "IBM's device synchronisation; accepted for compatibility, no effect")),
+    "rebind_iter": Option("rebind_iter", lambda v: _number("rebind_iter", v), meaning=(
+        "IBM's periodic rebinding; accepted for compatibility, no effect")),
+    "dbg_level": Option("dbg_level", lambda v: _number("dbg_level", v), value="0|1|2", meaning=(
+        "≥ 1: rank 0 prints each new plan (algorithm, blocks, blocks in flight) and where the switch levels came "
+        "from (the probe measured, or a cached result verified, with the seconds it took)")),
+    "check": Option("check", lambda v: _number("check", v, float), value="TOL", meaning=(
+        "also run `MPI_Allreduce` on a copy of the input and raise on every rank if any element differs by more "
+        "than TOL (relative)")),
+    "timeout": Option("timeout", lambda v: _number("timeout", v, float, 0.001), "", "DDL_TIMEOUT", "S"),
+    "algo": Option("algo", algorithms, "", "DDL_ALGO", "NAME[,NAME…]"),
+    "segment": Option("segment", lambda v: _segment(_number("segment", v, int, 1)), "", "DDL_SEGMENT_BYTES",
+                      "BYTES"),
+    "inflight": Option("inflight", lambda v: _number("inflight", v, int, 1), "", "DDL_INFLIGHT"),
+    "topology": Option("topology", str, "", "DDL_TOPOLOGY", "FILE"),
+    "plan": Option("plan", str, "", "DDL_PLAN", "FILE"),
+    "probe": Option("probe", probe_mode, "", "DDL_PROBE", "|".join(PROBE_VALUES)),
+    "timeline": Option("timeline", str, "", "DDL_TIMELINE", "FILE"),
+    "shm": Option("shm", shm_mode, "", "DDL_SHM", "|".join(SHM_VALUES)),
 }
 
 
@@ -173,13 +199,13 @@ def parse(text: str | None = None, environ=os.environ) -> Options:
     i = 0
     while i < len(tokens):
         name = tokens[i].lstrip("-")
-        if not tokens[i].startswith("-") or name not in _PARSERS:
+        if not tokens[i].startswith("-") or name not in OPTIONS:
             raise DDLError(f"unknown DDL option {tokens[i]!r} in {text!r} (known: "
-                           f"{', '.join('-' + k for k in _PARSERS)})")
+                           f"{', '.join('-' + k for k in OPTIONS)})")
         if i + 1 >= len(tokens):
             raise DDLError(f"DDL option {tokens[i]} needs a value")
-        field_name, convert = _PARSERS[name]
-        opts = replace(opts, **{field_name: convert(tokens[i + 1])})
+        option = OPTIONS[name]
+        opts = replace(opts, **{option.field: option.convert(tokens[i + 1])})
         i += 2
     if opts.mode is not None and opts.algo == "auto":
         opts = replace(opts, algo=MODE_ALGORITHMS[opts.mode.letter])

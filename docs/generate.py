@@ -2,6 +2,7 @@
 before `mkdocs build`; the pages are not committed):
 
     docs/reference/settings.md   every DDL_* variable, from ddl.config.SETTINGS
+    docs/reference/options.md    every DDL_OPTIONS entry, from ddl.options.OPTIONS
     docs/reference/cli.md        every command's usage, from its argparse parser
     docs/reference/schemas.md    the topology, machine and plan file schemas, from topology/*.schema.json
     docs/results/                the committed benchmark tables and plots (benchmarks/results/), with an index
@@ -29,6 +30,23 @@ def settings() -> str:
     return (GENERATED + "# Settings\n\nEvery environment variable ddl reads, declared once in `ddl/config.py` (its "
             "`SETTINGS` table). `DDL_OPTIONS` entries ([options](options.md)) override them.\n\n"
             "| variable | default | meaning |\n|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
+def options() -> str:
+    from ddl.config import SETTINGS
+    from ddl.options import OPTIONS
+
+    def meaning(o):
+        text = o.meaning or f"as `{o.setting}`: {SETTINGS[o.setting].meaning}"
+        return text.replace("|", "&#124;")
+
+    rows = [f"| `-{name} {o.value.replace('|', '&#124;')}` | {meaning(o)} |" for name, o in OPTIONS.items()]
+    return (GENERATED + "# Options\n\n`DDL_OPTIONS` (or `ddl.init(options=...)`, or `ddlrun --ddloption`) takes IBM "
+            "DDL's grammar plus ddl's own options, declared once in `ddl/options.py` (its `OPTIONS` table). An "
+            "option overrides the [setting](settings.md) it names.\n\n| option | meaning |\n|---|---|\n"
+            + "\n".join(rows) + "\n\nThe settings that shape a plan (`DDL_ALGO`, `DDL_SEGMENT_BYTES`, `DDL_INFLIGHT`, "
+            "`DDL_SMALL_BYTES`, the tree and its level costs, a forced plan) are part of every call's hash: ranks "
+            "launched with different values get a `MismatchError`, not a hang.\n")
 
 
 def _usage(parser) -> str:
@@ -86,6 +104,7 @@ def main() -> int:
     os.environ["COLUMNS"] = "110"  # argparse wraps to the terminal: the same page wherever it is built
     sys.path.insert(0, str(ROOT))
     (DOCS / "reference" / "settings.md").write_text(settings())
+    (DOCS / "reference" / "options.md").write_text(options())
     (DOCS / "reference" / "cli.md").write_text(cli())
     (DOCS / "reference" / "schemas.md").write_text(schemas())
     results()

@@ -51,11 +51,16 @@ def mpi_library() -> str:
     return " ".join(first.replace("Version:", "").split())
 
 
+def can_join() -> bool:
+    """Whether this MPI's separately started processes can connect (MPICH 4; not Open MPI, not MPICH 5.0.0-5.0.2)."""
+    return mpi_library().startswith("MPICH 4.")
+
+
 def check_mpi(rank: int) -> None:
     """Refuses, in one line, an MPI whose singletons cannot connect to each other."""
-    library = mpi_library()
-    if library.startswith("MPICH 4."):
+    if can_join():
         return
+    library = mpi_library()
     raise DDLError(f"rank {rank}: ddl without an MPI launcher (torchrun, RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) "
                    f"needs MPICH 4 (make MPI=mpich setup, or pip install 'mpich<5' before mpi4py and ddl); this "
                    f"ddl runs on {library}, whose separately started processes cannot connect: launch with ddlrun "

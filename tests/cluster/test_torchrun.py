@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from ddl import cluster
+from ddl.core import bootstrap
 from test_probe import canonical, host_groups, rank_groups
 
-MPI = pytest.importorskip("mpi4py.MPI")
 WHY = cluster.available()
-JOINS = MPI.Get_library_version().startswith("MPICH") and MPI.Get_library_version().split()[2].startswith("4.")
+JOINS = bootstrap.can_join()
 pytestmark = [pytest.mark.skipif(WHY is not None, reason=str(WHY)),
               pytest.mark.skipif(not JOINS, reason="separately started processes join only on MPICH 4"),
               pytest.mark.timeout(400)]

@@ -11,12 +11,12 @@ import sys
 import pytest
 
 pytest.importorskip("torch")
-MPI = pytest.importorskip("mpi4py.MPI")
+pytest.importorskip("mpi4py.MPI")
+from ddl.core import bootstrap  # noqa: E402
 
 TORCHRUN = os.path.join(sys.prefix, "bin", "torchrun")
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrun_job.py")
-LIBRARY = MPI.Get_library_version()
-JOINS = LIBRARY.startswith("MPICH") and LIBRARY.split()[2].startswith("4.")
+JOINS = bootstrap.can_join()
 joins = pytest.mark.skipif(not JOINS, reason="separately started processes join only on MPICH 4")
 
 
@@ -25,15 +25,16 @@ def torchrun(nproc: int, *args: str, flags=(), env=None, timeout=240) -> subproc
                           capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def by_hand(size: int, *args: str, env=None, timeout=120) -> list[subprocess.CompletedProcess]:
-    """Each process started alone with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (rank 0 hosts the store)."""
+def by_hand(size: int, *args: str, env=None, timeout=120, started=None) -> list[subprocess.CompletedProcess]:
+    """Each process started alone with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (rank 0 hosts the store); only
+    the ranks in `started` when given (the others never come)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = [subprocess.Popen([sys.executable, JOB, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
                                    "WORLD_SIZE": str(size), **(env or {})})
-             for r in range(size)]
+             for r in (range(size) if started is None else started)]
     try:
         return [subprocess.CompletedProcess(p.args, p.wait(timeout), *p.communicate()) for p in procs]
     finally:
@@ -81,13 +82,7 @@ def test_a_process_that_dies_is_named_at_the_others_within_the_deadline():
 @joins
 def test_a_process_that_never_comes_is_named_at_the_deadline():
     """Two of three processes start: the store wait ends at DDL_TIMEOUT naming what was missing."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "3", "DDL_TIMEOUT": "8"}
-    procs = [subprocess.Popen([sys.executable, JOB, "numpy", os.devnull], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**env, "RANK": str(r)}) for r in (0, 1)]
-    done = [subprocess.CompletedProcess(p.args, p.wait(60), *p.communicate()) for p in procs]
+    done = by_hand(3, "numpy", os.devnull, env={"DDL_TIMEOUT": "8"}, timeout=60, started=(0, 1))
     assert all(d.returncode != 0 for d in done)
     assert any("rank 2" in d.stderr for d in done), [d.stderr[-2000:] for d in done]
 

@@ -2,6 +2,7 @@
 import pytest
 
 from ddl import DDLError
+from ddl import options
 from ddl.options import Mode, parse, parse_mode
 
 
@@ -48,3 +49,27 @@ def test_segment_is_capped_below_the_mpi_message_limit():
     assert parse("-segment 1073741824", environ={}).segment == 1 << 30
     with pytest.raises(DDLError, match="above the limit"):
         parse("", environ={"DDL_SEGMENT_BYTES": str(2 << 30)})
+
+
+# A value for each option that names a setting, different from that setting's default.
+SAMPLES = {"timeout": ("7.5", 7.5), "algo": ("ring,direct", "ring,direct"), "segment": ("4096", 4096),
+           "inflight": ("3", 3), "topology": ("dgx1", "dgx1"), "plan": ("p.json", "p.json"),
+           "probe": ("force", "force"), "timeline": ("t.json", "t.json"), "shm": ("0", "0")}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_each_option_and_the_setting_it_names_set_the_same_thing(name):
+    option = options.OPTIONS[name]
+    text, expected = SAMPLES[name]
+    from_option = getattr(options.parse(f"-{name} {text}", environ={}), option.field)
+    from_setting = getattr(options.parse("", environ={option.setting: text}), option.field)
+    assert from_option == from_setting == expected
+
+
+def test_every_option_is_documented_and_names_a_real_setting():
+    from ddl.config import SETTINGS
+
+    named = {name for name, o in options.OPTIONS.items() if o.setting}
+    assert named == set(SAMPLES)
+    assert all(o.setting in SETTINGS for o in options.OPTIONS.values() if o.setting)
+    assert all(o.meaning or o.setting for o in options.OPTIONS.values())
