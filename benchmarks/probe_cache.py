@@ -47,12 +47,13 @@ def job(cluster, cache: Path, out: Path, repeats: int, env=None) -> dict:
         raise RuntimeError(f"job failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
     said = [ln.removeprefix("ddl: ") for ln in done.stderr.splitlines() if ln.startswith("ddl: probe")]
     result = json.loads(out.read_text())
-    how = next((m for m in map(MEASURED.search, said) if m), None), next((m for m in map(VERIFIED.search, said)
-                                                                             if m), None)
+    measured = next((m for m in map(MEASURED.search, said) if m), None)
+    verified = next((m for m in map(VERIFIED.search, said) if m), None)
     return {"us": result["times"]["ddl"][str(SIZE)], "probe": said, "tree_source": result["model"]["tree_source"],
-            "measured_s": float(how[0].group(1)) if how[0] else None,
-            "verified_s": float(how[1].group(1)) if how[1] else None,
-            "verify_rounds": int(how[1].group(2)) if how[1] else None, "stale": any("does not match" in s for s in said)}
+            "measured_s": float(measured.group(1)) if measured else None,
+            "verified_s": float(verified.group(1)) if verified else None,
+            "verify_rounds": int(verified.group(2)) if verified else None,
+            "stale": any("does not match" in s for s in said)}
 
 
 def efficiency(shape: str, us: float) -> float:

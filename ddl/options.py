@@ -146,13 +146,13 @@ def _from_environment(environ) -> Options:
 
 @dataclass(frozen=True)
 class Option:
-    """One entry of the option string: the Options field it sets, how its value is read, what it means (the
+    """One entry of the option string: the Options attribute it sets, how its value is read, what it means (the
     options reference is generated from this table), and the DDL_* setting it overrides, if any."""
-    field: str
+    attribute: str
     convert: Callable[[str], object]
     meaning: str
     setting: str | None = None
-    value: str = "N"
+    value: str = "N"  # the value's placeholder in the reference
 
 
 OPTIONS = {
@@ -205,7 +205,7 @@ def parse(text: str | None = None, environ=os.environ) -> Options:
         if i + 1 >= len(tokens):
             raise DDLError(f"DDL option {tokens[i]} needs a value")
         option = OPTIONS[name]
-        opts = replace(opts, **{option.field: option.convert(tokens[i + 1])})
+        opts = replace(opts, **{option.attribute: option.convert(tokens[i + 1])})
         i += 2
     if opts.mode is not None and opts.algo == "auto":
         opts = replace(opts, algo=MODE_ALGORITHMS[opts.mode.letter])

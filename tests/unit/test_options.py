@@ -61,8 +61,8 @@ SAMPLES = {"timeout": ("7.5", 7.5), "algo": ("ring,direct", "ring,direct"), "seg
 def test_each_option_and_the_setting_it_names_set_the_same_thing(name):
     option = options.OPTIONS[name]
     text, expected = SAMPLES[name]
-    from_option = getattr(options.parse(f"-{name} {text}", environ={}), option.field)
-    from_setting = getattr(options.parse("", environ={option.setting: text}), option.field)
+    from_option = getattr(options.parse(f"-{name} {text}", environ={}), option.attribute)
+    from_setting = getattr(options.parse("", environ={option.setting: text}), option.attribute)
     assert from_option == from_setting == expected
 
 
