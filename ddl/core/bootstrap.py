@@ -58,13 +58,11 @@ def can_join() -> bool:
 
 def check_mpi(rank: int) -> None:
     """Refuses, in one line, an MPI whose singletons cannot connect to each other."""
-    if can_join():
-        return
-    library = mpi_library()
-    raise DDLError(f"rank {rank}: ddl without an MPI launcher (torchrun, RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) "
-                   f"needs MPICH 4 (make MPI=mpich setup, or pip install 'mpich<5' before mpi4py and ddl); this "
-                   f"ddl runs on {library}, whose separately started processes cannot connect: launch with ddlrun "
-                   f"(or mpirun) instead")
+    if not can_join():
+        raise DDLError(f"rank {rank}: ddl without an MPI launcher (torchrun, RANK/WORLD_SIZE/MASTER_ADDR/"
+                       f"MASTER_PORT) needs MPICH 4 (make MPI=mpich setup, or pip install 'mpich<5' before mpi4py "
+                       f"and ddl); this ddl runs on {mpi_library()}, whose separately started processes cannot "
+                       f"connect: launch with ddlrun (or mpirun) instead")
 
 
 def open_store(rank: int, size: int, timeout: float, environ=os.environ):

@@ -1161,6 +1161,4 @@ def _mpi_spins() -> bool:
     """Whether this MPI polls without ever giving its core away (MPICH): the executor then yields between polls,
     or ranks that outnumber cores starve the one they wait for. Open MPI yields itself when told to (ddlrun
     and the emulated cluster set mpi_yield_when_idle)."""
-    from mpi4py import MPI
-
-    return not MPI.Get_library_version().startswith("Open MPI")
+    return not bootstrap.mpi_library().startswith("Open MPI")
