@@ -68,7 +68,8 @@ SETTINGS = {
         Setting("DDL_ELASTIC_MIN_NP", "1", "ddl.elastic: the fewest ranks a job may shrink to and go on in place "
                 "(ddlrun --min-np sets it)"),
         Setting("DDL_SHM", "auto", "the host memory level: auto (a communicator whose ranks share one host runs its "
-                "collectives through a shared-memory segment) or 0 (MPI messages only)"),
+                "collectives through a shared-memory segment; large broadcasts and allgathers read peers' buffers directly "
+                "where the kernel allows), slots (the segment only) or 0 (MPI messages only)"),
         Setting("DDL_SMALL_BYTES", "65536", "largest payload carried in the agreement round itself (latency path)"),
     )
 }

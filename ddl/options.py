@@ -62,7 +62,7 @@ class Options:
     small_bytes: int = 65536
     probe: str = "auto"             # auto, 0, 1, force (ddl.topology.probe)
     timeline: str | None = None     # Chrome-trace file written at ddl.finalize() (ddl.core.timeline)
-    shm: str = "auto"               # the host memory level: auto or 0 (ddl.core.host)
+    shm: str = "auto"               # the host memory level: auto, slots or 0 (ddl.core.host)
     extra: dict = field(default_factory=dict)
 
 
@@ -116,14 +116,14 @@ def probe_mode(text: str, where: str = "-probe") -> str:
     return value
 
 
-SHM_VALUES = ("auto", "0", "1")
+SHM_VALUES = ("auto", "0", "1", "slots")
 
 
 def shm_mode(text: str, where: str = "-shm") -> str:
     value = text.strip().lower()
     if value not in SHM_VALUES:
-        raise DDLError(f"{where} {text!r}: expected auto (or 1: the host memory level where ranks share a host) "
-                       f"or 0 (MPI messages only)")
+        raise DDLError(f"{where} {text!r}: expected auto (or 1: the host memory level where ranks share a host), "
+                       f"slots (that level without reading peers' buffers directly) or 0 (MPI messages only)")
     return "auto" if value == "1" else value
 
 

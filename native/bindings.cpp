@@ -266,6 +266,13 @@ void bind_host(py::module_& m) {
       .def_static("unlink", &HostMemory::unlink, py::arg("name"))
       .def_property_readonly("broken", &HostMemory::broken)
       .def_property_readonly("slot_bytes", &HostMemory::slot_bytes)
+      .def_property_readonly("probe_address", &HostMemory::probe_address,
+                             "Where this rank's probe word is, for a peer's can_read.")
+      .def("can_read", &HostMemory::can_read, py::arg("rank"), py::arg("address"),
+           "Whether this process can read member `rank`'s memory at `address` (its probe_address).")
+      .def_property("single_copy_bytes", &HostMemory::single_copy_bytes, &HostMemory::single_copy_from,
+                    "Broadcasts and allgathers from this many bytes read the writer's buffer directly (0: never). "
+                    "Set it alike on every rank.")
       .def("allreduce", [](HostMemory& h, const py::buffer& src, const py::buffer& dst, HostAllreduce& a) {
         return allreduce(h, src, dst, a.dtype, a.op, a.factor, a.one_phase, a.call);
       }, py::arg("src"), py::arg("dst"), py::arg("call"))

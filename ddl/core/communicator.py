@@ -132,7 +132,8 @@ class Communicator:
         if mpi_comm is not None and size > 1:
             wanted = host.eligible(size, self.hosts, o) and hierarchy is None and topology is None \
                 and self._forced is None and len(self.levels) == 1
-            self._host = self._agreement.host = host.HostLevel.create(mpi_comm, wanted)
+            self._host = self._agreement.host = host.HostLevel.create(mpi_comm, wanted,
+                                                                      single_copy=o.shm != "slots")
         # the short paths (the host level's, or one rank's): no per-call timer, timeline or check to feed
         self._fast = (self._host is not None or size == 1) and not o.dump_iter and not o.timeline and o.check is None
         self._origin = 0
@@ -382,8 +383,11 @@ class Communicator:
         how = ("one phase: every rank reduces every rank's data" if nbytes <= host.ONE_PHASE_BYTES else
                f"reduce-scatter then allgather in {steps} step(s) of {format_size(self._host.native.slot_bytes)} "
                f"per rank")
+        direct = self._host.native.single_copy_bytes
+        copies = (f"; broadcasts and allgathers from {format_size(direct)} per rank copy straight from the "
+                  f"writer's buffer" if direct else "")
         return replace(said, runs_on=f"runs on the host memory level instead (the {self.size} ranks share one "
-                                     f"host: one shared-memory segment, no messages): {how}")
+                                     f"host: one shared-memory segment, no messages): {how}{copies}")
 
     def _transport(self) -> str:
         """Every level's messages go over MPI point-to-point (NCCL's levels say so in their "via" column)."""

@@ -6,7 +6,11 @@ unlinks its name, so nothing is left in /dev/shm whatever way the job ends after
 goes with its process). The collectives themselves are native (ddl._native.HostMemory): each step checks
 every rank's call hash in the segment, so mismatched calls raise on every rank at no extra round.
 
-Python decides what the native level runs: the slot size and, per call, whether an allreduce reduces in one
+Where the kernel lets ranks read each other's memory (process_vm_readv, checked once per segment by every rank),
+broadcasts and allgathers from SINGLE_COPY_BYTES copy straight from the writer's buffer: one copy, not two
+(DDL_SHM=slots keeps them in the segment's slots).
+
+Python decides what the native level runs: the slot size, single copy and, per call, whether an allreduce reduces in one
 phase (every rank reads every rank's data: one wait) or two (each rank reduces a slice, then all copy the
 slices: a second wait, a ``size``-th of the reading).
 """
@@ -21,6 +25,9 @@ SLOT_BYTES = 1 << 20  # per rank and parity: large calls move in steps of this m
 # An allreduce up to this many bytes per rank reduces in one phase: below it the second wait costs more than
 # reading every rank's data (measured on 2 to 8 ranks, benchmarks/results/host-memory.md).
 ONE_PHASE_BYTES = 16 << 10
+# Broadcasts and allgathers of at least this many bytes per rank read the writer's buffer directly, where they
+# can: below it one system call per peer costs more than the second copy through a slot.
+SINGLE_COPY_BYTES = 32 << 10
 _made = 0  # segments this process has asked for: part of the next one's name
 
 
@@ -46,9 +53,12 @@ class HostLevel:
         self.native, self.name = native, name
 
     @classmethod
-    def create(cls, mpi_comm, wanted: bool, slot_bytes: int = SLOT_BYTES) -> "HostLevel | None":
+    def create(cls, mpi_comm, wanted: bool, slot_bytes: int = SLOT_BYTES,
+               single_copy: bool = True) -> "HostLevel | None":
         """Collective over ``mpi_comm``. None on every rank unless every rank ``wanted`` it and mapped the
-        segment (the communicator then runs over MPI messages alone); the reason is kept in ``last_refusal``."""
+        segment (the communicator then runs over MPI messages alone); the reason is kept in ``last_refusal``.
+        With ``single_copy`` (alike on every rank), large broadcasts and allgathers read peers' buffers directly
+        if every rank can."""
         global _made, last_refusal
         from mpi4py import MPI
 
@@ -73,6 +83,7 @@ class HostLevel:
         if not everyone:
             last_refusal = why or "another rank could not map the host memory segment"
             return None
+        _single_copy_if_possible(mpi_comm, native, single_copy)
         return cls(native, name)
 
     def close(self) -> None:
@@ -80,6 +91,18 @@ class HostLevel:
 
 
 last_refusal = ""
+
+
+def _single_copy_if_possible(mpi_comm, native, wanted: bool) -> None:
+    """Collective: every rank reads its successor's probe word; single copy goes on only where every rank wanted
+    it and could (a container's seccomp profile or Yama's ptrace scope may forbid it)."""
+    from mpi4py import MPI
+
+    addresses = mpi_comm.allgather(native.probe_address)
+    peer = (mpi_comm.rank + 1) % mpi_comm.size
+    able = wanted and native.can_read(peer, addresses[peer])
+    if mpi_comm.allreduce(int(able), op=MPI.MIN):
+        native.single_copy_bytes = SINGLE_COPY_BYTES
 
 
 def _open(name, create, rank, size, slot_bytes, pids):

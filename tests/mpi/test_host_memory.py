@@ -66,8 +66,33 @@ def test_allreduce_of_many_steps_in_place_and_into_an_overlapping_out():
     np.testing.assert_array_equal(buf[1000:], total(n))
 
 
-@pytest.mark.parametrize("nbytes", [0, 8, MANY_STEPS])
-def test_broadcast_from_every_root_many_steps_and_into_out(nbytes):
+@pytest.fixture(params=["direct", "slots"])
+def copying(request):
+    """Broadcasts and allgathers read the writer's buffer directly (where this machine allows it: else skipped),
+    or move through the segment's slots. Set alike on every rank."""
+    native = ddl.communicator()._host.native
+    before = native.single_copy_bytes
+    if request.param == "direct" and not before:
+        pytest.skip("this machine does not let ranks read each other's memory (single copy is off)")
+    native.single_copy_bytes = before if request.param == "direct" else 0
+    yield request.param
+    native.single_copy_bytes = before
+
+
+def test_single_copy_is_on_where_the_ranks_can_read_each_other_and_off_with_slots():
+    comm = ddl.communicator()
+    assert comm._host.native.single_copy_bytes in (0, host.SINGLE_COPY_BYTES)  # 0: this kernel refuses it
+    slots = Communicator.from_mpi(COMM, replace(comm.options, shm="slots"))
+    try:
+        assert slots.host_level and slots._host.native.single_copy_bytes == 0
+        np.testing.assert_array_equal(slots.broadcast(values(RANK, MANY_STEPS // 8), SIZE - 1),
+                                      values(SIZE - 1, MANY_STEPS // 8))
+    finally:
+        slots.close()
+
+
+@pytest.mark.parametrize("nbytes", [0, 8, host.SINGLE_COPY_BYTES, MANY_STEPS])
+def test_broadcast_from_every_root_many_steps_and_into_out(nbytes, copying):
     for root in range(SIZE):
         x = values(RANK, nbytes // 8)
         got = ddl.broadcast(x, root)
@@ -80,8 +105,8 @@ def test_broadcast_from_every_root_many_steps_and_into_out(nbytes):
         np.testing.assert_array_equal(x, values(root, nbytes // 8))
 
 
-@pytest.mark.parametrize("rows", [1, 1000, MANY_STEPS // 24])
-def test_allgather_equal_rows_in_place_and_out(rows):
+@pytest.mark.parametrize("rows", [1, 1000, host.SINGLE_COPY_BYTES // 24, MANY_STEPS // 24])
+def test_allgather_equal_rows_in_place_and_out(rows, copying):
     x = values(RANK, rows * 3).reshape(rows, 3)
     want = np.concatenate([values(r, rows * 3).reshape(rows, 3) for r in range(SIZE)])
     np.testing.assert_array_equal(ddl.allgather(x), want)
@@ -91,7 +116,7 @@ def test_allgather_equal_rows_in_place_and_out(rows):
     np.testing.assert_array_equal(out, want)
 
 
-def test_allgather_uneven_rows_of_many_steps():
+def test_allgather_uneven_rows_of_many_steps(copying):
     rows = [r * (MANY_STEPS // 16) + 1 for r in range(SIZE)]  # rank 0 one row, the last several slots
     x = values(RANK, rows[RANK] * 2).reshape(rows[RANK], 2)
     got = ddl.allgather(x)
@@ -196,6 +221,8 @@ CALLS = {
     "reduce_scatter": lambda: ddl.reduce_scatter(np.ones(4 * SIZE)),
     "barrier": ddl.barrier,
     "large allreduce": lambda: ddl.allreduce(np.ones(MANY_STEPS // 8)),
+    "large broadcast": lambda: ddl.broadcast(np.ones(MANY_STEPS // 8)),
+    "large allgather": lambda: ddl.allgather(np.ones(MANY_STEPS // 8)),
 }
 
 

@@ -13,6 +13,7 @@ from ddl import _native
 from ddl.errors import RankFailure, TransportError
 
 SLOT = 64 << 10
+DIRECT = 4 << 10  # single copy from this many bytes
 I64 = _native.DType.int64
 SUM = _native.ReduceOp.sum
 _names = iter(range(1 << 30))
@@ -37,6 +38,23 @@ def _member(conn, rank, size, behaviour):
             conn.send((level.allreduce(x, x, I64, SUM, 1.0, 4096, 7, 60.0, "allreduce"), x[:3].tolist(), x[-1]))
         if behaviour == "broadcast-instead":
             conn.send(level.broadcast(np.zeros(4), 0, 8, 60.0, "broadcast"))
+        if behaviour.startswith("direct"):  # single copy: reads its peers' buffers (they set the same threshold)
+            level.single_copy_bytes = DIRECT
+        if behaviour == "direct-probe":
+            conn.send(level.probe_address)
+            conn.recv()  # stays alive while the parent reads its probe word
+        if behaviour == "direct-broadcast":
+            x = np.zeros(3 * SLOT // 8 + 5, np.int64)  # more than a slot: one step all the same
+            conn.send((level.broadcast(x, 0, 8, 60.0, "broadcast"), int(x.sum()), x[-1]))
+        if behaviour == "direct-allgather":
+            x = np.full(DIRECT // 8 + rank, rank, np.int64)  # uneven rows, every one read from its owner
+            lengths = [(DIRECT // 8 + r) * 8 for r in range(size)]
+            out = np.zeros(sum(lengths) // 8, np.int64)
+            agreed = level.allgather(x, out, [sum(lengths[:r]) for r in range(size)], lengths, 9, 60.0, "allgather")
+            conn.send((agreed, out.tolist()))
+        if behaviour == "direct-root-then-die":
+            conn.send("calling")
+            level.broadcast(np.full(DIRECT, 5, np.int64), 1, 8, 60.0, "broadcast")  # waits for its reader
     except Exception as e:  # reported to the parent, which asserts on it
         conn.send(repr(e))
     conn.close()
@@ -116,5 +134,60 @@ def test_allreduce_over_several_steps_and_a_mismatch_seen_by_every_rank():
         assert level.allreduce(y, y, I64, SUM, 1.0, 4096, 7, 60.0, "allreduce") is False
         assert (y == 1).all()  # nothing written on a mismatch
         assert pipes[0].recv() is False
+    finally:
+        finish(children)
+
+
+def test_a_rank_can_read_its_peers_probe_word_and_nothing_else():
+    level, pipes, children = group(["direct-probe"])
+    try:
+        address = pipes[0].recv()
+        assert level.can_read(1, address)
+        assert not level.can_read(1, address + 8)  # readable, but not the probe word
+        assert not level.can_read(1, 8)  # not mapped in the peer
+        assert not level.can_read(2, address)  # no such member
+        pipes[0].send("bye")
+    finally:
+        finish(children)
+
+
+def test_single_copy_broadcast_and_uneven_allgather_read_the_writers_buffers():
+    level, pipes, children = group(["direct-broadcast", "direct-broadcast"])
+    try:
+        level.single_copy_bytes = DIRECT
+        x = np.arange(3 * SLOT // 8 + 5, dtype=np.int64)
+        assert level.broadcast(x, 0, 8, 60.0, "broadcast")
+        for p in pipes:
+            assert p.recv() == (True, int(x.sum()), x[-1])
+    finally:
+        finish(children)
+    level, pipes, children = group(["direct-allgather", "direct-allgather"])
+    try:
+        level.single_copy_bytes = DIRECT
+        lengths = [(DIRECT // 8 + r) * 8 for r in range(3)]
+        out = np.zeros(sum(lengths) // 8, np.int64)
+        assert level.allgather(np.full(DIRECT // 8, 0, np.int64), out, [sum(lengths[:r]) for r in range(3)],
+                               lengths, 9, 60.0, "allgather")
+        expected = np.concatenate([np.full(n // 8, r) for r, n in enumerate(lengths)])
+        np.testing.assert_array_equal(out, expected)
+        for p in pipes:
+            assert p.recv() == (True, expected.tolist())
+    finally:
+        finish(children)
+
+
+def test_a_root_that_dies_before_its_buffer_is_read_is_named():
+    level, pipes, children = group(["direct-root-then-die"])
+    try:
+        level.single_copy_bytes = DIRECT
+        assert pipes[0].recv() == "calling"
+        time.sleep(0.5)  # it has published its buffer's address and waits for this rank to read it
+        children[0].kill()
+        children[0].join(5)
+        x = np.zeros(DIRECT, np.int64)
+        with pytest.raises(RankFailure, match="rank 0: rank 1 .*ended during broadcast .*while this rank read") as caught:
+            level.broadcast(x, 1, 8, 60.0, "broadcast")
+        assert caught.value.ranks == [1]
+        assert level.broken
     finally:
         finish(children)

@@ -13,6 +13,11 @@
 // look at the awaited rank's process (a dead writer is named within a fraction of a second, not at the
 // deadline). After a failure the segment's counters are out of step: the group refuses every later call.
 // Each public call holds a mutex of this process's mapping: the callers need no lock of their own.
+//
+// Single copy: where the kernel lets a rank read its peers' memory (process_vm_readv, as Open MPI's and MPICH's
+// CMA paths), broadcasts and allgathers from `single_copy_bytes` publish their buffer's address in the arrival
+// line and each reader copies straight from the writer's buffer into its own: one copy instead of two, and no
+// slot-sized steps. The writer returns only when every reader said it is done with the step.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -69,12 +74,23 @@ class HostMemory {
                       const std::vector<int64_t>& counts, DType t, ReduceOp op, double factor, HostCall& call);
   bool barrier(HostCall& call);
 
+  // Single copy, switched on collectively: every rank publishes probe_address(), checks can_read(peer, its
+  // address) for one peer, and only if all succeed does every rank call single_copy_from(bytes) (0: off).
+  uintptr_t probe_address() const { return reinterpret_cast<uintptr_t>(&probe_); }
+  bool can_read(int r, uintptr_t address) const;
+  void single_copy_from(size_t bytes) { single_copy_ = bytes; }
+  size_t single_copy_bytes() const { return single_copy_; }
+
  private:
   struct alignas(128) Line {
     std::atomic<uint64_t> seq;
     int64_t hash;
     int64_t value;
+    uint64_t address;  // single copy: where the publisher's data of this step is, in its own address space
   };
+  bool single_copy(size_t nbytes) const { return single_copy_ != 0 && nbytes >= single_copy_; }
+  void read_from(int r, void* dst, uint64_t address, size_t nbytes, HostCall& call);
+  void wait_readers(uint64_t s, HostCall& call);  // every other rank closed step s: our buffer is ours again
   Line& arrival(int r, uint64_t s) const { return arrive_[2 * r + (s & 1)]; }
   char* slot(int r, uint64_t s) const { return slots_ + (2 * static_cast<size_t>(r) + (s & 1)) * slot_; }
 
@@ -82,6 +98,9 @@ class HostMemory {
                     const std::vector<int64_t>& lengths, HostCall& call);
   uint64_t open_step(HostCall& call);                    // waits until this rank's slot of the parity is free
   bool arrive(uint64_t s, int64_t value, HostCall& call);  // publishes, waits for all; false: hashes differ
+  bool arrive_with(uint64_t s, int64_t value, const void* data, HostCall& call);  // and data's address
+  // rank r's part of step s (its published address; our own: `mine`) into `to`
+  void copy_part(int r, uint64_t s, const char* mine, char* to, size_t nbytes, HostCall& call);
   void publish(std::atomic<uint64_t>& line, uint64_t s) { line.store(s, std::memory_order_release); }
   void close_step(uint64_t s) { publish(done_[rank_].seq, s); }
   void wait_for(int r, const std::atomic<uint64_t>& line, uint64_t s, const char* what, HostCall& call);
@@ -99,6 +118,8 @@ class HostMemory {
   char* slots_ = nullptr;    // [size][2][slot_]
   uint64_t step_ = 0;
   int spins_ = 1;
+  size_t single_copy_ = 0;
+  uint64_t probe_ = 0;  // what can_read expects at a peer's probe_address(): the magic plus the peer's rank
   std::string broken_;
   std::mutex calls_;  // one call at a time per process: threads of one rank may call without Python's lock
 };
