@@ -10,6 +10,7 @@
 
 #include "ddl/cuda_driver.hpp"
 #include "ddl/executor.hpp"
+#include "ddl/host_calls.hpp"
 #include "ddl/host_memory.hpp"
 #include "ddl/loopback.hpp"
 #include "ddl/mpi_transport.hpp"
@@ -18,7 +19,8 @@
 namespace py = pybind11;
 using namespace ddl;
 
-void bind_device(py::module_& m);  // device_bindings.cpp: CUDA driver, buffers, NCCL
+void bind_device(py::module_& m);       // device_bindings.cpp: CUDA driver, buffers, NCCL
+void bind_short_calls(py::module_& m);  // short_calls.cpp: the host level's calls found and run in one
 
 namespace {
 
@@ -173,25 +175,6 @@ HostCall host_call(int64_t hash, double timeout, std::string label) {
   c.hash = hash, c.timeout_s = timeout, c.label = std::move(label);
   return c;
 }
-
-// An allreduce call worked out once (Python keeps one per call signature): the short path passes two buffers
-// and this, not nine arguments converted on every call.
-struct HostAllreduce {
-  DType dtype;
-  ReduceOp op;
-  double factor;
-  size_t one_phase;
-  HostCall call;
-};
-
-// A reduce_scatter worked out once per signature: every rank's part (start and count, in elements) and the op.
-struct HostReduceScatter {
-  std::vector<int64_t> starts, counts;
-  DType dtype;
-  ReduceOp op;
-  double factor;
-  HostCall call;
-};
 
 bool allreduce(HostMemory& h, const py::buffer& src, const py::buffer& dst, DType t, ReduceOp op, double factor,
                size_t one_phase, HostCall& c) {
@@ -370,6 +353,7 @@ PYBIND11_MODULE(_native, m) {
       .value("min", ReduceOp::min).value("max", ReduceOp::max);
   bind_device(m);
   bind_host(m);
+  bind_short_calls(m);
 
   m.def("clock_ns", &clock_ns, "The executor's clock (steady, nanoseconds): the time base of take_spans().");
   m.def("reduce_into", [](const py::buffer& dst, const py::buffer& src, DType dtype, ReduceOp op) {

@@ -136,6 +136,8 @@ class Communicator:
                                                                       single_copy=o.shm != "slots")
         # the short paths (the host level's, or one rank's): no per-call timer, timeline or check to feed
         self._fast = (self._host is not None or size == 1) and not o.dump_iter and not o.timeline and o.check is None
+        # the host level's short paths found and run natively (Python's short paths stay for what they decline)
+        self._native = _native.ShortCalls(self._host.native) if self._fast and self._host is not None else None
         self._origin = 0
         if self._recorder is not None:  # one time origin for every rank's track: right after a barrier (hosts'
             if mpi_comm is not None:    # clocks differ; loopback ranks are threads sharing one clock)
@@ -211,6 +213,7 @@ class Communicator:
         if self._devices is not None:
             self._devices.close()
             self._devices = None
+        self._native = None  # (it holds the segment mapped)
         if self._host is not None:
             self._host.close()
             self._host = self._agreement.host = None
@@ -455,6 +458,8 @@ class Communicator:
             sig = _Signature(text, code, rop, problem, plan, fused, factor, options, h,
                              _native.HostAllreduce(code, rop, factor, host.ONE_PHASE_BYTES, h, self.options.timeout,
                                                    text) if on_host else None)
+            if self._native is not None and sig.host is not None:
+                self._native.learn_allreduce(dtype, shape, op, sig.host)
             if len(self._signatures) > _SIGNATURE_CACHE:
                 self._signatures.clear()
             self._signatures[key] = sig
@@ -475,6 +480,13 @@ class Communicator:
         serve_until_all_joined(self)
 
     def _allreduce(self, array, op: str, out: np.ndarray | None) -> np.ndarray:
+        if self._native is not None and self._worker is None:  # a known call, found and run natively
+            try:
+                got = self._native.allreduce(array, op, out)
+            except DDLError as e:
+                raise self._host_failure(e, self._native.last_text) from None
+            if got is not None:
+                return got if type(got) is not str else self._agreement.report_mismatch(got)
         if self._fast and type(array) is np.ndarray:  # the short paths: a known call, plain arrays
             sig = self._signatures.get((array.shape, array.dtype, op))
             if sig is not None and array.flags.c_contiguous:
@@ -671,6 +683,13 @@ class Communicator:
     def broadcast(self, array, root: int = 0, out: np.ndarray | None = None) -> np.ndarray:
         """A copy of root's array on every rank (any fixed-size dtype; every rank passes the same shape), or
         written to ``out`` (its shape and dtype; it may be ``array`` itself)."""
+        if self._native is not None and self._worker is None:  # a known call, found and run natively
+            try:
+                got = self._native.broadcast(array, root, out)
+            except DDLError as e:
+                raise self._host_failure(e, self._native.last_text) from None
+            if got is not None:
+                return got if type(got) is not str else self._agreement.report_mismatch(got)
         if self._fast and type(array) is np.ndarray:  # the short paths: a known call, plain arrays
             known = self._calls.get(("broadcast", array.shape, array.dtype, root))
             if known is not None and array.flags.c_contiguous:
@@ -701,9 +720,12 @@ class Communicator:
             problem = f"broadcast root {root!r} is not a rank of this communicator (0..{self.size - 1})"
         if out is not None and problem is None:
             problem = _out_problem(out, a)
-        call, h, _, _ = self._call(("broadcast", a.shape, a.dtype, root),
-                                lambda: f"broadcast(shape={a.shape}, dtype={a.dtype}, root={root})",
-                                short=problem is None and a.dtype.isbuiltin == 1)
+        short = problem is None and a.dtype.isbuiltin == 1
+        call, h, prepared, _ = self._call(("broadcast", a.shape, a.dtype, root),
+                                          lambda: f"broadcast(shape={a.shape}, dtype={a.dtype}, root={root})",
+                                          short=short)
+        if short and self._native is not None:
+            self._native.learn_broadcast(a.dtype, a.shape, root, prepared)
         if self.size == 1:
             return self._alone_into(a, problem, out)
         direct = out is not None and out.flags.c_contiguous
@@ -740,6 +762,18 @@ class Communicator:
         """Every rank's array concatenated along the first axis, in rank order (first dims may differ). With
         ``out`` (C-contiguous, of the gathered shape and the dtype) the result is written there; in place when
         this rank's rows of ``out`` are ``array`` itself."""
+        if self._native is not None and self._worker is None:  # a known call, found and run natively
+            try:
+                got = self._native.allgather(array, out)
+            except DDLError as e:
+                raise self._host_failure(e, self._native.last_text) from None
+            if type(got) is np.ndarray:
+                return got
+            if type(got) is str:  # ranks called differently
+                self._agreement.report_mismatch(got)
+            if got is not None:  # the rows were uneven: (every rank's length, the call's text and hash)
+                lengths, text, h = got
+                return _gathered_into(self._uneven_allgather(array, lengths, out, text, h), out, self.rank)
         if self._fast and type(array) is np.ndarray and array.flags.c_contiguous:  # the short path: a known call
             known = self._calls.get(("allgather", array.shape, array.dtype))
             if known is not None:
@@ -764,10 +798,12 @@ class Communicator:
             problem = _gathered_out_problem(out, a, self.size)
         row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
         # (the call's text is the same whatever the first dimension: uneven rows are a valid call)
+        short = problem is None and row_bytes > 0 and a.dtype.isbuiltin == 1
         known = self._call(("allgather", a.shape, a.dtype),
                            lambda: f"allgather(shape=(*, {', '.join(map(str, a.shape[1:]))}), dtype={a.dtype})",
-                           short=problem is None and row_bytes > 0 and a.dtype.isbuiltin == 1,
-                           extra=lambda *_: (a.shape[0] * self.size,) + a.shape[1:])
+                           short=short, extra=lambda *_: (a.shape[0] * self.size,) + a.shape[1:])
+        if short and self._native is not None:
+            self._native.learn_allgather(a.dtype, a.shape, known[3], known[2])
         if self.size == 1:
             return self._alone_into(a, problem, out)
         call, h, _, gathered = known
@@ -818,10 +854,13 @@ class Communicator:
         and, when all are equal (the usual case), already carries the first piece into ``dst``; uneven rows take
         a second call with their layout, into ``out`` where it has their shape."""
         text, h, call, _ = known
+        lengths = self._on_host(self._host.native.allgather_equal, src, dst, call, text=text)
+        return dst if lengths is True else self._uneven_allgather(src, lengths, out, text, h)
+
+    def _uneven_allgather(self, src: np.ndarray, lengths: list[int], out, text: str, h: int) -> np.ndarray:
+        """The second call of a host level allgather whose rows were uneven: every rank's ``lengths`` in bytes are
+        known, the rows land in ``out`` where it has their shape."""
         native = self._host.native
-        lengths = self._on_host(native.allgather_equal, src, dst, call, text=text)
-        if lengths is True:
-            return dst
         row_bytes = src.dtype.itemsize * int(np.prod(src.shape[1:], dtype=np.int64))
         shape = (sum(n // row_bytes for n in lengths),) + src.shape[1:]
         direct = out is not None and out.flags.c_contiguous and out.shape == shape
@@ -838,6 +877,13 @@ class Communicator:
         the first dimension; by default as numpy.array_split makes them, the first ``len % size`` parts one row
         longer). Ops as allreduce's. With ``out`` (this rank's part's shape) the result lands there."""
         split = None if counts is None else tuple(counts)
+        if self._native is not None and self._worker is None and split is None:  # a known call, found and run natively
+            try:
+                got = self._native.reduce_scatter(array, op, out)
+            except DDLError as e:
+                raise self._host_failure(e, self._native.last_text) from None
+            if got is not None:
+                return got if type(got) is not str else self._agreement.report_mismatch(got)
         if self._fast and type(array) is np.ndarray and array.flags.c_contiguous:  # the short path: a known call
             known = self._calls.get(("reduce_scatter", array.shape, array.dtype, op, split))
             if known is not None:
@@ -884,6 +930,8 @@ class Communicator:
             extra=lambda said, h: (mine, _native.HostReduceScatter(starts, counts, code, rop, factor, h,
                                                                    self.options.timeout, said)
                                    if problem is None and self._host is not None else None))
+        if self._native is not None and prepared is not None and split is None and a.dtype.isbuiltin == 1:
+            self._native.learn_reduce_scatter(a.dtype, a.shape, op, mine, prepared)
         if problem or self.size == 1:
             with self.lock:
                 self.agree(text, problem)  # raises everywhere on a bad call; one rank: nothing to agree

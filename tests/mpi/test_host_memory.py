@@ -191,6 +191,45 @@ def test_repeated_calls_take_the_short_paths_with_every_form_of_out():
         ddl.barrier()
 
 
+def test_known_calls_run_natively_and_decline_what_they_do_not_know():
+    native = ddl.communicator()._native  # every rank makes the same calls here: a declined one moves nothing
+    x = values(RANK, 10).reshape(5, 2).astype(np.float64)
+    assert native.broadcast(x, 1 % SIZE, None) is None  # not known before Python has checked it once
+    ddl.broadcast(x, 1 % SIZE)
+    np.testing.assert_array_equal(native.broadcast(x, 1 % SIZE, None), values(1 % SIZE, 10).reshape(5, 2))
+    assert native.broadcast(x, 0, None) is None  # another root: another call
+    assert native.broadcast(np.asfortranarray(x.T), 1 % SIZE, None) is None  # another shape
+    assert native.broadcast(x.astype(np.float32), 1 % SIZE, None) is None  # another dtype
+    assert native.broadcast(x.view(np.matrix), 1 % SIZE, None) is None  # a subclass: Python's path
+    assert native.broadcast(x, 1 % SIZE, np.empty((5, 2), np.float32)) is None  # an out to refuse: Python's path
+    assert native.broadcast(x, 1 % SIZE, np.empty((5, 2))[::-1]) is None  # not contiguous
+    ddl.allreduce(x, "max")
+    np.testing.assert_array_equal(native.allreduce(x, "max", None),
+                                  np.max([values(r, 10).reshape(5, 2) for r in range(SIZE)], axis=0))
+    assert native.allreduce(x, "min", None) is None
+    assert native.allreduce(x, ReduceOpLike(), None) is None  # only ops named by a string are kept
+    read_only = x.copy()
+    read_only.flags.writeable = False
+    assert native.allreduce(read_only, "max", read_only) is None  # in place into a read-only array: refused by Python
+    with pytest.raises(DDLError):
+        ddl.allreduce(read_only, "max", out=read_only)
+
+
+class ReduceOpLike:
+    def __repr__(self):
+        return "max"
+
+
+def test_a_mismatch_between_known_calls_raises_on_every_rank():
+    a, b = np.ones(5), np.ones(7)
+    ddl.allreduce(a)
+    ddl.broadcast(b, 0)  # both known now, on every rank
+    with pytest.raises(MismatchError, match=r"allreduce\(shape=\(5,\).*broadcast\(shape=\(7,\)|"
+                                            r"broadcast\(shape=\(7,\).*allreduce\(shape=\(5,\)"):
+        ddl.allreduce(a) if RANK == 0 else ddl.broadcast(b, 0)
+    np.testing.assert_array_equal(ddl.allreduce(values(RANK, 3)), total(3))  # and the level goes on
+
+
 def test_bfloat16_moves_by_broadcast_and_allgather():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     x = np.arange(4, dtype=np.float32).astype(ml_dtypes.bfloat16) + RANK

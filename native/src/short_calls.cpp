@@ -1,0 +1,288 @@
+// A communicator's short paths on the host memory level, each found and run in one native call.
+//
+// Python checks a call the first time it sees its signature (its refusals and their messages live there) and
+// then teaches this table the signature: the dtype object (held here, so its address cannot come back as another
+// dtype's), the shape, and the root or op. A later call of that signature on plain C-contiguous numpy arrays runs
+// from here: the lookup, the output and the native collective cost a few hundred nanoseconds, where the same
+// steps in Python cost about a microsecond, more than the collective itself between two ranks. Anything else
+// (another array type, a dtype object that is equal but not the same, an out to check) returns None and takes
+// Python's path, which gives the same answers.
+//
+// A call returns its result, None (not here: Python's path), the call's text where ranks called differently
+// (Python reports it, collectively) or, for an allgather whose rows turned out uneven, every rank's length in
+// bytes with the call's text and hash (Python gathers them).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <array>
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+
+#include "ddl/host_calls.hpp"
+#include "ddl/host_memory.hpp"
+
+namespace py = pybind11;
+using namespace ddl;
+
+namespace {
+
+constexpr int kMaxDims = 8;
+constexpr size_t kMaxEntries = 256;  // as Python's signature caches: a job making ever new shapes stays bounded
+enum class Kind : int { broadcast, allgather, allreduce, reduce_scatter };
+using Shape = std::vector<py::ssize_t>;
+
+struct Key {
+  const PyObject* dtype = nullptr;
+  Kind kind = Kind::broadcast;
+  int ndim = 0;
+  int64_t root = 0;
+  std::array<py::ssize_t, kMaxDims> shape{};
+  std::array<char, 16> op{};
+  bool operator==(const Key& o) const {
+    return dtype == o.dtype && kind == o.kind && ndim == o.ndim && root == o.root && shape == o.shape && op == o.op;
+  }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = std::hash<const void*>()(k.dtype) ^ (static_cast<size_t>(k.kind) << 56) ^ static_cast<size_t>(k.root);
+    for (int i = 0; i < k.ndim; ++i) h = h * 1000003u ^ static_cast<size_t>(k.shape[static_cast<size_t>(i)]);
+    for (char c : k.op) h = h * 31u + static_cast<unsigned char>(c);
+    return h;
+  }
+};
+
+struct Entry {
+  py::object dtype;  // keeps the key's dtype object alive
+  Kind kind;
+  Shape result;      // the output's shape
+  size_t in_bytes = 0;
+  HostCall call;     // broadcast, allgather
+  HostAllreduce allreduce{};
+  HostReduceScatter reduce_scatter{};
+  HostCall& host_call() {
+    return kind == Kind::allreduce ? allreduce.call : kind == Kind::reduce_scatter ? reduce_scatter.call : call;
+  }
+};
+using EntryPtr = std::shared_ptr<Entry>;  // a call holds its entry: another thread may clear the table meanwhile
+
+// A plain numpy array's parts, read from its struct: no buffer request, no attribute lookups.
+struct View {
+  PyObject* dtype;
+  int ndim;
+  const py::ssize_t* shape;
+  char* data;
+  int flags;
+};
+
+bool view_of(py::handle obj, View* v) {
+  if (Py_TYPE(obj.ptr()) != py::detail::npy_api::get().PyArray_Type_) return false;  // subclasses: Python's path
+  const auto* a = py::detail::array_proxy(obj.ptr());
+  if (a->nd > kMaxDims) return false;
+  *v = View{a->descr, a->nd, a->dimensions, a->data, a->flags};
+  return true;
+}
+
+constexpr int kContiguous = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_;
+constexpr int kWritable = py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+
+bool same_shape(const View& v, const Shape& shape) {
+  return static_cast<size_t>(v.ndim) == shape.size() && std::equal(shape.begin(), shape.end(), v.shape);
+}
+
+bool op_name(py::handle op, std::array<char, 16>* name) {
+  if (!PyUnicode_CheckExact(op.ptr())) return false;
+  Py_ssize_t n = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(op.ptr(), &n);
+  if (!text || n >= static_cast<Py_ssize_t>(name->size())) {
+    PyErr_Clear();
+    return false;
+  }
+  std::memcpy(name->data(), text, static_cast<size_t>(n));
+  return true;
+}
+
+class ShortCalls {
+ public:
+  explicit ShortCalls(py::object host) : owner_(std::move(host)), host_(owner_.cast<HostMemory&>()) {}
+
+  void learn_broadcast(py::object dtype, const Shape& shape, int root, const HostCall& call) {
+    Entry e = entry(dtype, Kind::broadcast, shape, shape);
+    e.call = call;
+    remember(key(dtype, Kind::broadcast, shape, root, {}), std::move(e));
+  }
+  void learn_allgather(py::object dtype, const Shape& shape, const Shape& gathered, const HostCall& call) {
+    Entry e = entry(dtype, Kind::allgather, shape, gathered);
+    e.call = call;
+    remember(key(dtype, Kind::allgather, shape, 0, {}), std::move(e));
+  }
+  void learn_allreduce(py::object dtype, const Shape& shape, py::handle op, const HostAllreduce& prepared) {
+    std::array<char, 16> name{};
+    if (!op_name(op, &name)) return;
+    Entry e = entry(dtype, Kind::allreduce, shape, shape);
+    e.allreduce = prepared;
+    remember(key(dtype, Kind::allreduce, shape, 0, name), std::move(e));
+  }
+  void learn_reduce_scatter(py::object dtype, const Shape& shape, py::handle op, const Shape& part,
+                            const HostReduceScatter& prepared) {
+    std::array<char, 16> name{};
+    if (!op_name(op, &name)) return;
+    Entry e = entry(dtype, Kind::reduce_scatter, shape, part);
+    e.reduce_scatter = prepared;
+    remember(key(dtype, Kind::reduce_scatter, shape, 0, name), std::move(e));
+  }
+
+  py::object broadcast(py::handle array, int root, py::handle out) {
+    View in{};
+    const auto e = find(array, Kind::broadcast, root, {}, &in);
+    if (!e) return py::none();
+    if (out.ptr() == array.ptr()) {  // in place: the usual form
+      if (!(in.flags & kWritable)) return py::none();
+      return run(*e, out, [&] { return host_.broadcast(in.data, e->in_bytes, root, e->call); });
+    }
+    View to{};
+    py::object dst = output(*e, out, &to);
+    if (!dst) return py::none();
+    // out of place: root sends from the input (only read) and copies it to out; the others receive into out
+    const bool mine = host_.rank() == root;
+    return run(*e, dst, [&] {
+      const bool agreed = host_.broadcast(mine ? in.data : to.data, e->in_bytes, root, e->call);
+      if (agreed && mine && to.data != in.data) std::memmove(to.data, in.data, e->in_bytes);
+      return agreed;
+    });
+  }
+
+  py::object allgather(py::handle array, py::handle out) {
+    View in{}, to{};
+    const auto e = find(array, Kind::allgather, 0, {}, &in);
+    py::object dst = e ? output(*e, out, &to) : py::object();
+    if (!dst) return py::none();
+    std::vector<int64_t> lengths;
+    bool equal = false, agreed;
+    {
+      py::gil_scoped_release nogil;
+      agreed = host_.allgather_equal(in.data, to.data, e->in_bytes, lengths, &equal, e->call);
+    }
+    if (!agreed) return py::str(e->call.label);
+    return equal ? dst : py::make_tuple(lengths, e->call.label, e->call.hash);
+  }
+
+  py::object allreduce(py::handle array, py::handle op, py::handle out) {
+    std::array<char, 16> name{};
+    View in{}, to{};
+    const auto e = op_name(op, &name) ? find(array, Kind::allreduce, 0, name, &in) : nullptr;
+    py::object dst = e ? output(*e, out, &to) : py::object();
+    if (!dst) return py::none();
+    HostAllreduce& a = e->allreduce;
+    return run(*e, dst, [&] {
+      return host_.allreduce(in.data, to.data, static_cast<int64_t>(e->in_bytes / dtype_size(a.dtype)), a.dtype,
+                             a.op, a.factor, a.one_phase, a.call);
+    });
+  }
+
+  py::object reduce_scatter(py::handle array, py::handle op, py::handle out) {
+    std::array<char, 16> name{};
+    View in{}, to{};
+    const auto e = op_name(op, &name) ? find(array, Kind::reduce_scatter, 0, name, &in) : nullptr;
+    py::object dst = e ? output(*e, out, &to) : py::object();
+    if (!dst) return py::none();
+    HostReduceScatter& p = e->reduce_scatter;
+    return run(*e, dst, [&] {
+      return host_.reduce_scatter(in.data, to.data, p.starts, p.counts, p.dtype, p.op, p.factor, p.call);
+    });
+  }
+
+  // The call last found here, as error messages name it (Python names a failure with it).
+  std::string last_text() const { return last_ ? last_->host_call().label : std::string(); }
+  size_t size() const { return table_.size(); }
+
+ private:
+  static Key key(const py::object& dtype, Kind kind, const Shape& shape, int64_t root, std::array<char, 16> op) {
+    Key k;
+    k.dtype = dtype.ptr(), k.kind = kind, k.ndim = static_cast<int>(shape.size()), k.root = root, k.op = op;
+    std::copy(shape.begin(), shape.end(), k.shape.begin());
+    return k;
+  }
+
+  static Entry entry(const py::object& dtype, Kind kind, const Shape& in, const Shape& result) {
+    if (in.size() > kMaxDims || result.size() > kMaxDims)
+      throw std::invalid_argument("short calls: more dimensions than this table keeps");
+    Entry e;
+    e.dtype = dtype, e.kind = kind, e.result = result;
+    e.in_bytes = static_cast<size_t>(py::dtype(dtype).itemsize());
+    for (auto n : in) e.in_bytes *= static_cast<size_t>(n);
+    return e;
+  }
+
+  void remember(const Key& k, Entry e) {
+    if (table_.size() >= kMaxEntries) table_.clear();
+    table_[k] = std::make_shared<Entry>(std::move(e));
+  }
+
+  // The entry for a C-contiguous array of a known signature (and the array's view), or null.
+  EntryPtr find(py::handle array, Kind kind, int64_t root, std::array<char, 16> op, View* in) {
+    if (!view_of(array, in) || !(in->flags & kContiguous)) return nullptr;
+    Key k;
+    k.dtype = in->dtype, k.kind = kind, k.ndim = in->ndim, k.root = root, k.op = op;
+    std::copy(in->shape, in->shape + in->ndim, k.shape.begin());
+    const auto it = table_.find(k);
+    if (it == table_.end()) return nullptr;
+    last_ = it->second;
+    return it->second;
+  }
+
+  // Where the result goes: a new array, out itself when it is a plain writable C-contiguous array of the result's
+  // shape and the same dtype object (the input itself, in place, included), or nothing (Python's path).
+  py::object output(const Entry& e, py::handle out, View* to) {
+    if (out.is_none()) {
+      py::array made(py::dtype(e.dtype), e.result);
+      view_of(made, to);
+      return std::move(made);
+    }
+    if (!view_of(out, to) || to->dtype != e.dtype.ptr() || !same_shape(*to, e.result) ||
+        (to->flags & (kContiguous | kWritable)) != (kContiguous | kWritable))
+      return py::object();
+    return py::reinterpret_borrow<py::object>(out);
+  }
+
+  template <typename Collective>
+  py::object run(Entry& e, py::handle result, Collective collective) {
+    bool agreed;
+    {
+      py::gil_scoped_release nogil;
+      agreed = collective();
+    }
+    return agreed ? py::reinterpret_borrow<py::object>(result) : py::str(e.host_call().label);
+  }
+
+  py::object owner_;  // the HostMemory's Python object: the segment stays mapped while this table lives
+  HostMemory& host_;
+  std::unordered_map<Key, EntryPtr, KeyHash> table_;
+  EntryPtr last_;
+};
+
+}  // namespace
+
+void bind_short_calls(py::module_& m) {
+  py::class_<ShortCalls>(m, "ShortCalls",
+                         "A communicator's known host level calls, each found and run in one native call: a result, "
+                         "None (not known here: Python's path), the call's text (ranks called differently) or, for "
+                         "an allgather of uneven rows, (every rank's length in bytes, the call's text, its hash).")
+      .def(py::init<py::object>(), py::arg("host"))
+      .def("learn_broadcast", &ShortCalls::learn_broadcast, py::arg("dtype"), py::arg("shape"), py::arg("root"),
+           py::arg("call"))
+      .def("learn_allgather", &ShortCalls::learn_allgather, py::arg("dtype"), py::arg("shape"), py::arg("gathered"),
+           py::arg("call"))
+      .def("learn_allreduce", &ShortCalls::learn_allreduce, py::arg("dtype"), py::arg("shape"), py::arg("op"),
+           py::arg("call"))
+      .def("learn_reduce_scatter", &ShortCalls::learn_reduce_scatter, py::arg("dtype"), py::arg("shape"),
+           py::arg("op"), py::arg("part"), py::arg("call"))
+      .def("broadcast", &ShortCalls::broadcast, py::arg("array"), py::arg("root"), py::arg("out"))
+      .def("allgather", &ShortCalls::allgather, py::arg("array"), py::arg("out"))
+      .def("allreduce", &ShortCalls::allreduce, py::arg("array"), py::arg("op"), py::arg("out"))
+      .def("reduce_scatter", &ShortCalls::reduce_scatter, py::arg("array"), py::arg("op"), py::arg("out"))
+      .def_property_readonly("last_text", &ShortCalls::last_text)
+      .def("__len__", &ShortCalls::size);
+}
