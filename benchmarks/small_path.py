@@ -55,7 +55,7 @@ def worker(repeats: int) -> dict:
             "allreduce": lambda sig=comm._signatures[(x.shape, x.dtype, "sum")].host: seg.allreduce(x, x, sig),
             "broadcast": lambda c=known[("broadcast", x.shape, x.dtype, 0)][2]: seg.broadcast(x, 0, c),
             "allgather": lambda c=known[("allgather", x.shape, x.dtype)][2]: seg.allgather_equal(x, g, c),
-            "reduce_scatter": lambda c=known[("reduce_scatter", whole.shape, whole.dtype, "sum")][3][1]:
+            "reduce_scatter": lambda c=known[("reduce_scatter", whole.shape, whole.dtype, "sum", None)][3][1]:
                 seg.reduce_scatter(whole, part, c),
             "barrier": lambda c=known[("barrier",)][2]: seg.barrier(c),
         }

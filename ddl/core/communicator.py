@@ -136,8 +136,9 @@ class Communicator:
                                                                       single_copy=o.shm != "slots")
         # the short paths (the host level's, or one rank's): no per-call timer, timeline or check to feed
         self._fast = (self._host is not None or size == 1) and not o.dump_iter and not o.timeline and o.check is None
-        # the host level's short paths found and run natively (Python's short paths stay for what they decline)
-        self._native = _native.ShortCalls(self._host.native) if self._fast and self._host is not None else None
+        # the short paths found and run natively (Python's short paths stay for what they decline)
+        self._native = _native.ShortCalls(self._host.native if self._host is not None else None) \
+            if self._fast else None
         self._origin = 0
         if self._recorder is not None:  # one time origin for every rank's track: right after a barrier (hosts'
             if mpi_comm is not None:    # clocks differ; loopback ranks are threads sharing one clock)
@@ -458,7 +459,7 @@ class Communicator:
             sig = _Signature(text, code, rop, problem, plan, fused, factor, options, h,
                              _native.HostAllreduce(code, rop, factor, host.ONE_PHASE_BYTES, h, self.options.timeout,
                                                    text) if on_host else None)
-            if self._native is not None and sig.host is not None:
+            if self._native is not None and (sig.host is not None or self.size == 1 and problem is None):
                 self._native.learn_allreduce(dtype, shape, op, sig.host)
             if len(self._signatures) > _SIGNATURE_CACHE:
                 self._signatures.clear()
@@ -930,7 +931,7 @@ class Communicator:
             extra=lambda said, h: (mine, _native.HostReduceScatter(starts, counts, code, rop, factor, h,
                                                                    self.options.timeout, said)
                                    if problem is None and self._host is not None else None))
-        if self._native is not None and prepared is not None and split is None and a.dtype.isbuiltin == 1:
+        if self._native is not None and problem is None and split is None and a.dtype.isbuiltin == 1:
             self._native.learn_reduce_scatter(a.dtype, a.shape, op, mine, prepared)
         if problem or self.size == 1:
             with self.lock:
@@ -1061,12 +1062,21 @@ class Communicator:
 
     def barrier(self) -> None:
         """Returns once every rank has entered the barrier (an agreement round with no data)."""
+        if self._native is not None and self._worker is None:  # known after the first, run natively
+            try:
+                got = self._native.barrier()
+            except DDLError as e:
+                raise self._host_failure(e, "barrier()") from None
+            if got is not None:
+                return None if got is True else self._agreement.report_mismatch(got)
         self.drain()
+        prepared = self._call(("barrier",), lambda: "barrier()", short=True)[2]
+        if self._native is not None:
+            self._native.learn_barrier(prepared)
         if self.size > 1:
             with self.lock:
                 if self._host is not None:
-                    self._on_host(self._host.native.barrier, self._call(("barrier",), lambda: "barrier()", short=True)[2],
-                                  text="barrier()")
+                    self._on_host(self._host.native.barrier, prepared, text="barrier()")
                 else:
                     self._agreement.agree("barrier()", None)
 

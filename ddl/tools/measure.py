@@ -62,7 +62,9 @@ class Case:
     def __init__(self, collective: str, rank: int, n: int, count: int, dtype: np.dtype, op: str, root: int):
         self.collective, self.op, self.root, self.dtype, self.rank = collective, op, root, dtype, rank
         if collective in ("allgather", "reduce_scatter"):
-            count -= count % n  # every rank gives (or gets) the same share
+            # every rank gives (or gets) the same share, of at least one element: an empty call moves nothing and
+            # MPI returns at once, while a ddl call still checks that every rank made it
+            count = max(count - count % n, n)
         self.x = inputs(rank, count // n if collective == "allgather" else count, dtype, op)
         self.count = count
         # reduce_scatter: rank r's result is out[r * share:(r + 1) * share] (nccl-tests' in-place layout)

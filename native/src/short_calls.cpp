@@ -1,4 +1,5 @@
-// A communicator's short paths on the host memory level, each found and run in one native call.
+// A communicator's short paths on the host memory level (or in a job of one rank), each found and run in one
+// native call.
 //
 // Python checks a call the first time it sees its signature (its refusals and their messages live there) and
 // then teaches this table the signature: the dtype object (held here, so its address cannot come back as another
@@ -18,6 +19,7 @@
 #include <array>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 #include "ddl/host_calls.hpp"
@@ -106,7 +108,9 @@ bool op_name(py::handle op, std::array<char, 16>* name) {
 
 class ShortCalls {
  public:
-  explicit ShortCalls(py::object host) : owner_(std::move(host)), host_(owner_.cast<HostMemory&>()) {}
+  // host: the communicator's HostMemory, or None for a job of one rank (each collective is then a copy).
+  explicit ShortCalls(py::object host)
+      : owner_(std::move(host)), host_(owner_.is_none() ? nullptr : &owner_.cast<HostMemory&>()) {}
 
   void learn_broadcast(py::object dtype, const Shape& shape, int root, const HostCall& call) {
     Entry e = entry(dtype, Kind::broadcast, shape, shape);
@@ -118,37 +122,40 @@ class ShortCalls {
     e.call = call;
     remember(key(dtype, Kind::allgather, shape, 0, {}), std::move(e));
   }
-  void learn_allreduce(py::object dtype, const Shape& shape, py::handle op, const HostAllreduce& prepared) {
+  // (prepared: None in a job of one rank)
+  void learn_allreduce(py::object dtype, const Shape& shape, py::handle op,
+                       const std::optional<HostAllreduce>& prepared) {
     std::array<char, 16> name{};
-    if (!op_name(op, &name)) return;
+    if (!op_name(op, &name) || !(prepared || !host_)) return;
     Entry e = entry(dtype, Kind::allreduce, shape, shape);
-    e.allreduce = prepared;
+    if (prepared) e.allreduce = *prepared;
     remember(key(dtype, Kind::allreduce, shape, 0, name), std::move(e));
   }
   void learn_reduce_scatter(py::object dtype, const Shape& shape, py::handle op, const Shape& part,
-                            const HostReduceScatter& prepared) {
+                            const std::optional<HostReduceScatter>& prepared) {
     std::array<char, 16> name{};
-    if (!op_name(op, &name)) return;
+    if (!op_name(op, &name) || !(prepared || !host_)) return;
     Entry e = entry(dtype, Kind::reduce_scatter, shape, part);
-    e.reduce_scatter = prepared;
+    if (prepared) e.reduce_scatter = *prepared;
     remember(key(dtype, Kind::reduce_scatter, shape, 0, name), std::move(e));
   }
+  void learn_barrier(const HostCall& call) { barrier_ = std::make_shared<HostCall>(call); }
 
   py::object broadcast(py::handle array, int root, py::handle out) {
-    View in{};
+    View in{}, to{};
     const auto e = find(array, Kind::broadcast, root, {}, &in);
     if (!e) return py::none();
     if (out.ptr() == array.ptr()) {  // in place: the usual form
       if (!(in.flags & kWritable)) return py::none();
-      return run(*e, out, [&] { return host_.broadcast(in.data, e->in_bytes, root, e->call); });
+      if (!host_) return py::reinterpret_borrow<py::object>(out);
+      return run(*e, out, [&] { return host_->broadcast(in.data, e->in_bytes, root, e->call); });
     }
-    View to{};
     py::object dst = output(*e, out, &to);
     if (!dst) return py::none();
     // out of place: root sends from the input (only read) and copies it to out; the others receive into out
-    const bool mine = host_.rank() == root;
+    const bool mine = !host_ || host_->rank() == root;
     return run(*e, dst, [&] {
-      const bool agreed = host_.broadcast(mine ? in.data : to.data, e->in_bytes, root, e->call);
+      const bool agreed = !host_ || host_->broadcast(mine ? in.data : to.data, e->in_bytes, root, e->call);
       if (agreed && mine && to.data != in.data) std::memmove(to.data, in.data, e->in_bytes);
       return agreed;
     });
@@ -159,11 +166,12 @@ class ShortCalls {
     const auto e = find(array, Kind::allgather, 0, {}, &in);
     py::object dst = e ? output(*e, out, &to) : py::object();
     if (!dst) return py::none();
+    if (!host_) return alone(*e, in, to, dst);
     std::vector<int64_t> lengths;
     bool equal = false, agreed;
     {
       py::gil_scoped_release nogil;
-      agreed = host_.allgather_equal(in.data, to.data, e->in_bytes, lengths, &equal, e->call);
+      agreed = host_->allgather_equal(in.data, to.data, e->in_bytes, lengths, &equal, e->call);
     }
     if (!agreed) return py::str(e->call.label);
     return equal ? dst : py::make_tuple(lengths, e->call.label, e->call.hash);
@@ -175,10 +183,11 @@ class ShortCalls {
     const auto e = op_name(op, &name) ? find(array, Kind::allreduce, 0, name, &in) : nullptr;
     py::object dst = e ? output(*e, out, &to) : py::object();
     if (!dst) return py::none();
+    if (!host_) return alone(*e, in, to, dst);
     HostAllreduce& a = e->allreduce;
     return run(*e, dst, [&] {
-      return host_.allreduce(in.data, to.data, static_cast<int64_t>(e->in_bytes / dtype_size(a.dtype)), a.dtype,
-                             a.op, a.factor, a.one_phase, a.call);
+      return host_->allreduce(in.data, to.data, static_cast<int64_t>(e->in_bytes / dtype_size(a.dtype)), a.dtype,
+                              a.op, a.factor, a.one_phase, a.call);
     });
   }
 
@@ -188,10 +197,24 @@ class ShortCalls {
     const auto e = op_name(op, &name) ? find(array, Kind::reduce_scatter, 0, name, &in) : nullptr;
     py::object dst = e ? output(*e, out, &to) : py::object();
     if (!dst) return py::none();
+    if (!host_) return alone(*e, in, to, dst);
     HostReduceScatter& p = e->reduce_scatter;
     return run(*e, dst, [&] {
-      return host_.reduce_scatter(in.data, to.data, p.starts, p.counts, p.dtype, p.op, p.factor, p.call);
+      return host_->reduce_scatter(in.data, to.data, p.starts, p.counts, p.dtype, p.op, p.factor, p.call);
     });
+  }
+
+  // True once every rank arrived, the call's text where ranks called differently, None before Python's first.
+  py::object barrier() {
+    const auto call = barrier_;
+    if (!call) return py::none();
+    if (!host_) return py::bool_(true);
+    bool agreed;
+    {
+      py::gil_scoped_release nogil;
+      agreed = host_->barrier(*call);
+    }
+    return agreed ? py::object(py::bool_(true)) : py::object(py::str(call->label));
   }
 
   // The call last found here, as error messages name it (Python names a failure with it).
@@ -247,6 +270,12 @@ class ShortCalls {
     return py::reinterpret_borrow<py::object>(out);
   }
 
+  // A job of one rank: every collective's result is the input (an average over one rank included).
+  static py::object alone(const Entry& e, const View& in, const View& to, py::object dst) {
+    if (to.data != in.data) std::memmove(to.data, in.data, e.in_bytes);
+    return dst;
+  }
+
   template <typename Collective>
   py::object run(Entry& e, py::handle result, Collective collective) {
     bool agreed;
@@ -258,9 +287,10 @@ class ShortCalls {
   }
 
   py::object owner_;  // the HostMemory's Python object: the segment stays mapped while this table lives
-  HostMemory& host_;
+  HostMemory* host_;  // null: one rank
   std::unordered_map<Key, EntryPtr, KeyHash> table_;
   EntryPtr last_;
+  std::shared_ptr<HostCall> barrier_;
 };
 
 }  // namespace
@@ -270,7 +300,8 @@ void bind_short_calls(py::module_& m) {
                          "A communicator's known host level calls, each found and run in one native call: a result, "
                          "None (not known here: Python's path), the call's text (ranks called differently) or, for "
                          "an allgather of uneven rows, (every rank's length in bytes, the call's text, its hash).")
-      .def(py::init<py::object>(), py::arg("host"))
+      .def(py::init<py::object>(), py::arg("host"),
+           "host: the communicator's HostMemory, or None in a job of one rank (every collective a copy).")
       .def("learn_broadcast", &ShortCalls::learn_broadcast, py::arg("dtype"), py::arg("shape"), py::arg("root"),
            py::arg("call"))
       .def("learn_allgather", &ShortCalls::learn_allgather, py::arg("dtype"), py::arg("shape"), py::arg("gathered"),
@@ -283,6 +314,8 @@ void bind_short_calls(py::module_& m) {
       .def("allgather", &ShortCalls::allgather, py::arg("array"), py::arg("out"))
       .def("allreduce", &ShortCalls::allreduce, py::arg("array"), py::arg("op"), py::arg("out"))
       .def("reduce_scatter", &ShortCalls::reduce_scatter, py::arg("array"), py::arg("op"), py::arg("out"))
+      .def("learn_barrier", &ShortCalls::learn_barrier, py::arg("call"))
+      .def("barrier", &ShortCalls::barrier)
       .def_property_readonly("last_text", &ShortCalls::last_text)
       .def("__len__", &ShortCalls::size);
 }

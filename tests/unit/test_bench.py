@@ -53,6 +53,8 @@ def test_allgather_case_expects_every_ranks_share_in_rank_order():
     assert np.array_equal(case.reference(), np.concatenate(shares))
     case.reset(inplace=True)
     assert np.array_equal(case.out[3:6], case.x)  # in place: this rank's share sits at its offset
+    tiny = measure.Case("reduce_scatter", rank=0, n=8, count=2, dtype=np.dtype(np.float32), op="sum", root=0)
+    assert tiny.count == 8  # 2 elements over 8 ranks: one each, not an empty call
 
 
 def test_broadcast_case_expects_the_roots_data():

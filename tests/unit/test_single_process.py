@@ -54,6 +54,31 @@ def test_single_process_api(alone):
     ddl.barrier()
 
 
+def test_repeated_calls_alone_run_natively_in_every_form_of_out(alone):
+    x = np.arange(6, dtype=np.float64).reshape(3, 2)
+    o = np.zeros_like(x)
+    forms = [lambda: ddl.allreduce(x), lambda: ddl.allreduce(x, "avg", out=o), lambda: ddl.broadcast(x),
+             lambda: ddl.broadcast(x, 0, out=o), lambda: ddl.allgather(x), lambda: ddl.allgather(x, out=o),
+             lambda: ddl.reduce_scatter(x), lambda: ddl.reduce_scatter(x, "max", out=o)]
+    for _ in range(2):  # the first call of each form is checked in Python and taught to the native table
+        for form in forms:
+            o[...] = 0
+            got = form()
+            assert got is not x and got.dtype == x.dtype and np.array_equal(got, x)
+            assert np.array_equal(o, x) or got is not o
+        assert ddl.allreduce(x, out=x) is x and ddl.broadcast(x, 0, out=x) is x
+        ddl.barrier()
+    native = ddl.communicator()._native
+    for found in (native.allreduce(x, "sum", None), native.allreduce(x, "avg", None), native.broadcast(x, 0, None),
+                  native.allgather(x, None), native.reduce_scatter(x, "max", None)):
+        assert np.array_equal(found, x)  # every form was taught to the native table
+    assert native.barrier() is True
+    assert native.allreduce(x.astype(np.float32), "sum", None) is None  # another dtype: not known
+    assert np.array_equal(ddl.allreduce(x[:, :1], out=np.zeros((3, 1))), x[:, :1])  # not contiguous: Python's path
+    with pytest.raises(ddl.DDLError, match="out has shape"):
+        ddl.allreduce(x, out=np.zeros(6))  # a known call with an out to refuse: Python's checks
+
+
 def test_bad_input_alone(alone):
     with pytest.raises(ddl.DDLError, match="unknown reduction op"):
         ddl.allreduce(np.ones(2), op="median")
