@@ -38,6 +38,7 @@ class Agreement:
         self.rank, self.size, self.settings = rank, size, settings
         self._plans, self._execute, self._timeout = plans, execute, timeout
         self._hashes: dict[str, int] = {}
+        self._options: dict[tuple, "_native.RunOptions"] = {}  # RunOptions are read-only to a run: made once
         self.host = None  # the host memory level (ddl.core.host), which runs the round where ranks share a host
 
     def hash(self, call: str) -> int:
@@ -56,8 +57,14 @@ class Agreement:
             ((-1, "agreement" if count == 0 else "agreement + data"),)))  # level -1: all ranks, rank order
 
     def options(self, call: str, dtype, op, **extra) -> "_native.RunOptions":
-        return _native.RunOptions(dtype, op, self._timeout, call, header=self.hash(call), capacity=CAPACITY,
-                                  **extra)
+        key = (call, dtype, op, *extra.items())
+        made = self._options.get(key)
+        if made is None:
+            if len(self._options) > _HASH_CACHE:
+                self._options.clear()
+            made = self._options[key] = _native.RunOptions(dtype, op, self._timeout, call, header=self.hash(call),
+                                                           capacity=CAPACITY, **extra)
+        return made
 
     def agree(self, call: str, problem: str | None, work: np.ndarray | None = None,
               dtype=_native.DType.uint8, op=_native.ReduceOp.sum, factor: float = 1.0) -> None:

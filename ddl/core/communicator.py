@@ -11,7 +11,9 @@ The public seam other parts build on (ddl.gpu, the frameworks): ``lock`` (held a
 """
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import socket
 import sys
 import threading
@@ -797,7 +799,7 @@ class Communicator:
             problem = "allgather needs at least one dimension (it concatenates along the first)"
         if out is not None and problem is None:
             problem = _gathered_out_problem(out, a, self.size)
-        row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+        row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
         # (the call's text is the same whatever the first dimension: uneven rows are a valid call)
         short = problem is None and row_bytes > 0 and a.dtype.isbuiltin == 1
         known = self._call(("allgather", a.shape, a.dtype),
@@ -862,7 +864,7 @@ class Communicator:
         """The second call of a host level allgather whose rows were uneven: every rank's ``lengths`` in bytes are
         known, the rows land in ``out`` where it has their shape."""
         native = self._host.native
-        row_bytes = src.dtype.itemsize * int(np.prod(src.shape[1:], dtype=np.int64))
+        row_bytes = src.dtype.itemsize * math.prod(src.shape[1:])
         shape = (sum(n // row_bytes for n in lengths),) + src.shape[1:]
         direct = out is not None and out.flags.c_contiguous and out.shape == shape
         result = raw(out) if direct else np.empty(shape, src.dtype)
@@ -916,11 +918,11 @@ class Communicator:
                                       f"(one per rank, none negative) summing to the first dimension, {length}")
             else:
                 rows = [int(n) for n in split]
-        row = int(np.prod(a.shape[1:], dtype=np.int64)) if a.ndim else 0
+        row = math.prod(a.shape[1:]) if a.ndim else 0
         mine = (rows[self.rank],) + a.shape[1:]
         if out is not None and problem is None:
             problem = _out_problem(out, np.empty(mine, a.dtype))
-        starts = (np.cumsum([0] + rows[:-1]) * row).tolist()
+        starts = [n * row for n in itertools.accumulate(rows[:-1], initial=0)]
         counts = [n * row for n in rows]
         factor = 1.0 / self.size if op == "avg" else 1.0
         text, h, _, (_, prepared) = self._call(
@@ -990,7 +992,7 @@ class Communicator:
         if len(recv_rows) != self.size or any(n < 0 for n in recv_rows) or recv_rows[self.rank] != send_rows[self.rank]:
             raise DDLError(f"rank {self.rank}: alltoall recv_rows {recv_rows} must be {self.size} row counts, "
                            f"this rank's own {send_rows[self.rank]} among them")
-        row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+        row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
         result = np.empty((sum(recv_rows),) + a.shape[1:], a.dtype)
         sent_at = np.cumsum([0] + send_rows) * row_bytes
         got_at = np.cumsum([0] + recv_rows) * row_bytes
