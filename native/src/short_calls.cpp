@@ -16,6 +16,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <memory>
@@ -98,8 +99,8 @@ bool op_name(py::handle op, std::array<char, 16>* name) {
   if (!PyUnicode_CheckExact(op.ptr())) return false;
   Py_ssize_t n = 0;
   const char* text = PyUnicode_AsUTF8AndSize(op.ptr(), &n);
-  if (!text || n >= static_cast<Py_ssize_t>(name->size())) {
-    PyErr_Clear();
+  if (!text || n >= static_cast<Py_ssize_t>(name->size()) || std::memchr(text, 0, static_cast<size_t>(n))) {
+    PyErr_Clear();  // (a name with a NUL in it would pad to a known one)
     return false;
   }
   std::memcpy(name->data(), text, static_cast<size_t>(n));
@@ -225,13 +226,11 @@ class ShortCalls {
   static Key key(const py::object& dtype, Kind kind, const Shape& shape, int64_t root, std::array<char, 16> op) {
     Key k;
     k.dtype = dtype.ptr(), k.kind = kind, k.ndim = static_cast<int>(shape.size()), k.root = root, k.op = op;
-    std::copy(shape.begin(), shape.end(), k.shape.begin());
+    std::copy_n(shape.begin(), std::min<size_t>(shape.size(), kMaxDims), k.shape.begin());  // (more: not kept)
     return k;
   }
 
   static Entry entry(const py::object& dtype, Kind kind, const Shape& in, const Shape& result) {
-    if (in.size() > kMaxDims || result.size() > kMaxDims)
-      throw std::invalid_argument("short calls: more dimensions than this table keeps");
     Entry e;
     e.dtype = dtype, e.kind = kind, e.result = result;
     e.in_bytes = static_cast<size_t>(py::dtype(dtype).itemsize());
@@ -240,6 +239,7 @@ class ShortCalls {
   }
 
   void remember(const Key& k, Entry e) {
+    if (e.result.size() > kMaxDims || static_cast<size_t>(k.ndim) > kMaxDims) return;  // Python's path, always
     if (table_.size() >= kMaxEntries) table_.clear();
     table_[k] = std::make_shared<Entry>(std::move(e));
   }

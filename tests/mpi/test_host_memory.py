@@ -208,6 +208,11 @@ def test_known_calls_run_natively_and_decline_what_they_do_not_know():
                                   np.max([values(r, 10).reshape(5, 2) for r in range(SIZE)], axis=0))
     assert native.allreduce(x, "min", None) is None
     assert native.allreduce(x, ReduceOpLike(), None) is None  # only ops named by a string are kept
+    assert native.allreduce(x, "max\0", None) is None  # not "max" padded
+    deep = np.ones((1,) * 9 + (2,))  # more dimensions than the table keeps: Python's path every time
+    for _ in range(2):
+        np.testing.assert_array_equal(ddl.allreduce(deep), np.full(deep.shape, SIZE))
+    assert native.allreduce(deep, "sum", None) is None
     read_only = x.copy()
     read_only.flags.writeable = False
     assert native.allreduce(read_only, "max", read_only) is None  # in place into a read-only array: refused by Python
