@@ -693,7 +693,8 @@ class Communicator:
                 raise self._host_failure(e, self._native.last_text) from None
             if got is not None:
                 return got if type(got) is not str else self._agreement.report_mismatch(got)
-        if self._fast and type(array) is np.ndarray:  # the short paths: a known call, plain arrays
+        # (a root of another type that equals a known one, 1.0 for 1, takes the long path: it is refused there)
+        if self._fast and type(array) is np.ndarray and type(root) is int:  # the short paths: a known call
             known = self._calls.get(("broadcast", array.shape, array.dtype, root))
             if known is not None and array.flags.c_contiguous:
                 if self._host is None:  # one rank

@@ -142,9 +142,17 @@ class ShortCalls {
   }
   void learn_barrier(const HostCall& call) { barrier_ = std::make_shared<HostCall>(call); }
 
-  py::object broadcast(py::handle array, int root, py::handle out) {
+  py::object broadcast(py::handle array, py::handle root_object, py::handle out) {
+    // (a root that is not a plain int, or out of range, is never known here: Python refuses it on every rank)
+    if (!PyLong_CheckExact(root_object.ptr())) return py::none();
+    const long root_value = PyLong_AsLong(root_object.ptr());
+    if (root_value == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return py::none();
+    }
+    const int root = static_cast<int>(root_value);
     View in{}, to{};
-    const auto e = find(array, Kind::broadcast, root, {}, &in);
+    const auto e = root == root_value ? find(array, Kind::broadcast, root, {}, &in) : nullptr;
     if (!e) return py::none();
     if (out.ptr() == array.ptr()) {  // in place: the usual form
       if (!(in.flags & kWritable)) return py::none();

@@ -198,6 +198,10 @@ def test_known_calls_run_natively_and_decline_what_they_do_not_know():
     ddl.broadcast(x, 1 % SIZE)
     np.testing.assert_array_equal(native.broadcast(x, 1 % SIZE, None), values(1 % SIZE, 10).reshape(5, 2))
     assert native.broadcast(x, 0, None) is None  # another root: another call
+    for odd in (1.0 * (1 % SIZE), str(1 % SIZE), 2 ** 70):  # not a plain int: Python refuses it on every rank
+        assert native.broadcast(x, odd, None) is None
+        with pytest.raises(DDLError, match="root"):
+            ddl.broadcast(x, odd)
     assert native.broadcast(np.asfortranarray(x.T), 1 % SIZE, None) is None  # another shape
     assert native.broadcast(x.astype(np.float32), 1 % SIZE, None) is None  # another dtype
     assert native.broadcast(x.view(np.matrix), 1 % SIZE, None) is None  # a subclass: Python's path
