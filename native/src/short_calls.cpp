@@ -187,11 +187,10 @@ class ShortCalls {
   }
 
   py::object allreduce(py::handle array, py::handle op, py::handle out) {
-    std::array<char, 16> name{};
     View in{}, to{};
-    const auto e = op_name(op, &name) ? find(array, Kind::allreduce, 0, name, &in) : nullptr;
-    py::object dst = e ? output(*e, out, &to) : py::object();
-    if (!dst) return py::none();
+    py::object dst;
+    const auto e = reduction(array, Kind::allreduce, op, out, &in, &to, &dst);
+    if (!e) return py::none();
     if (!host_) return alone(*e, in, to, dst);
     HostAllreduce& a = e->allreduce;
     return run(*e, dst, [&] {
@@ -201,11 +200,10 @@ class ShortCalls {
   }
 
   py::object reduce_scatter(py::handle array, py::handle op, py::handle out) {
-    std::array<char, 16> name{};
     View in{}, to{};
-    const auto e = op_name(op, &name) ? find(array, Kind::reduce_scatter, 0, name, &in) : nullptr;
-    py::object dst = e ? output(*e, out, &to) : py::object();
-    if (!dst) return py::none();
+    py::object dst;
+    const auto e = reduction(array, Kind::reduce_scatter, op, out, &in, &to, &dst);
+    if (!e) return py::none();
     if (!host_) return alone(*e, in, to, dst);
     HostReduceScatter& p = e->reduce_scatter;
     return run(*e, dst, [&] {
@@ -262,6 +260,15 @@ class ShortCalls {
     if (it == table_.end()) return nullptr;
     last_ = it->second;
     return it->second;
+  }
+
+  // A known reduction of `array` by the op named `op`, with its output in *dst (and both views), or null.
+  EntryPtr reduction(py::handle array, Kind kind, py::handle op, py::handle out, View* in, View* to,
+                     py::object* dst) {
+    std::array<char, 16> name{};
+    const auto e = op_name(op, &name) ? find(array, kind, 0, name, in) : nullptr;
+    if (e) *dst = output(*e, out, to);
+    return *dst ? e : nullptr;
   }
 
   // Where the result goes: a new array, out itself when it is a plain writable C-contiguous array of the result's
