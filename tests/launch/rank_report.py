@@ -21,8 +21,10 @@ if action[0] == "ok":
     info["ddl_size"], info["ddl_rank"] = ddl.size(), ddl.rank()
     info["host_level"] = ddl.communicator().host_level
     sys.stdout.write(f"hello from rank {rank}\n")  # one write: MPICH interleaves print's two pieces
-with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+# written whole, then renamed: a test that polls DIR never reads a half-written report
+with open(os.path.join(out, f".rank{rank}.json.part"), "w") as f:
     json.dump(info, f)
+os.replace(os.path.join(out, f".rank{rank}.json.part"), os.path.join(out, f"rank{rank}.json"))
 if action[0] == "kill":
     if rank == int(action[1]):
         import signal
