@@ -43,13 +43,14 @@ from .diagnostics import CallTimer, check_against_mpi
 from .dtypes import native_dtype, native_op, raw
 from .join import beside_joined, serve_until_all_joined
 from .packing import pack_groups
-from .parts import PartsPlan, parts_plan, split_rows
+from .parts import PartsPlan, Scratch, parts_plan, split_rows
 from .plans import PlanCache
 
 _BYTE = _native.DType.uint8
 _SUM = _native.ReduceOp.sum
 _WORDS = _native.DType.int64
 _SIGNATURE_CACHE = 1024
+SCRATCH_KEPT = 256 << 20  # staging bytes a communicator keeps between calls (larger ones are made per call)
 TIMELINE_CALLS = 100_000  # calls a DDL_TIMELINE keeps per rank (the oldest go first)
 
 
@@ -122,6 +123,7 @@ class Communicator:
         if self._flight is not None and flight.folder():
             flight.install_signal_handler()  # kill -USR1 writes it too
         self._devices = None  # ddl.core.devices' collectives, made on the first GPU array
+        self._scratch = Scratch(SCRATCH_KEPT)  # the staging buffers of planned allgathers and reduce-scatters
         self._worker: Worker | None = None  # runs the *_async collectives in order (made on first use)
         self.plan_for(1)  # a forced algorithm list that does not fit the tree fails here, not mid-training
         # Settings that shape plans must match across ranks: they go into every call's hash.
@@ -221,6 +223,8 @@ class Communicator:
             self._host.close()
             self._host = self._agreement.host = None
         self._fast = False
+        if not broken:  # (after a failure, receives the MPI could not cancel may still land in it)
+            self._scratch.release()
         self._executor = _Closed()
         if self._mpi is not None:
             if broken:
@@ -841,14 +845,17 @@ class Communicator:
             else:
                 self._agreement.agree(call, problem)
                 self._run_allreduce(rows, _native.DType.int64, _SUM, call)
-            result = self._gather_rows(a, mine, rows, row_bytes, call)
+            result = self._gather_rows(a, mine, rows, row_bytes, call, out)
         return _gathered_into(result, out, self.rank)
 
     def _gather_rows(self, a: np.ndarray, mine: np.ndarray, rows: np.ndarray, row_bytes: int,
-                     call: str) -> np.ndarray:
-        """The planned allgather of ``a`` (``mine``: its bytes) once every rank's row count is known. The caller
+                     call: str, out=None) -> np.ndarray:
+        """The planned allgather of ``a`` (``mine``: its bytes) once every rank's row count is known, into
+        ``out`` where it is C-contiguous and of the gathered shape (``mine`` may be its own rows). The caller
         holds ``lock``."""
-        result = np.empty((int(rows.sum()),) + a.shape[1:], dtype=a.dtype)
+        shape = (int(rows.sum()),) + a.shape[1:]
+        direct = out is not None and out.flags.c_contiguous and out.shape == shape
+        result = out if direct else np.empty(shape, dtype=a.dtype)
         self._run_parts("allgather", [int(n) * row_bytes for n in rows], 1, mine, result.reshape(-1).view(np.uint8),
                         _native.RunOptions(_BYTE, _SUM, self.options.timeout, call))
         return result
@@ -1032,17 +1039,17 @@ class Communicator:
             return
         starts = np.cumsum([0] + counts[:-1]).tolist()
         if half == "allgather":
-            staged = dst if plan.in_rank_order else plan.staged(dst.dtype)
+            staged = dst if plan.in_rank_order else plan.staged(dst.dtype, self._scratch)
             plan.put(staged, self.rank, src)
             self.execute(plan.compiled, staged, options)
             if staged is not dst:
                 for r, (at, n) in enumerate(zip(starts, counts)):
                     plan.take(staged, r, dst[at:at + n])
             return
+        staged = plan.staged(src.dtype, self._scratch)
         if plan.in_rank_order:
-            staged = src.copy()
+            np.copyto(staged, src)
         else:
-            staged = plan.staged(src.dtype)
             for r, (at, n) in enumerate(zip(starts, counts)):
                 plan.put(staged, r, src[at:at + n])
         self.execute(plan.compiled, staged, options)

@@ -359,6 +359,33 @@ def test_every_collective_per_level(which):
         comm.close()
 
 
+@pytest.mark.mpi(min_size=2)
+def test_planned_allgather_and_reduce_scatter_write_into_out_and_reuse_their_staging():
+    """The planned (per level, pipelined, staged) allgather writes straight into ``out``, in place too; calls of
+    other sizes and dtypes after it reuse the staging memory, and nothing left there from one call shows in the
+    next (padding, uneven parts, a larger call before a smaller)."""
+    opts = replace(ddl.communicator().options, small_bytes=0, segment=64 << 10, inflight=2)
+    comm = Communicator.from_mpi(COMM, opts, hierarchy=trees()[0])
+    try:
+        for n, dtype in ((30011, np.float64), (257, np.int32), (30011, np.float32), (SIZE * 4099, np.int64)):
+            mine = np.arange(n, dtype=dtype) + RANK * n
+            expected = np.arange(SIZE * n, dtype=dtype)
+            out = np.full(SIZE * n, -1, dtype)
+            assert comm.allgather(mine, out=out) is out
+            np.testing.assert_array_equal(out, expected)
+            out = np.full(SIZE * n, -1, dtype)
+            out[RANK * n:(RANK + 1) * n] = mine
+            assert comm.allgather(out[RANK * n:(RANK + 1) * n], out=out) is out  # in place
+            np.testing.assert_array_equal(out, expected)
+            x = contribution(RANK, n, dtype, "sum")
+            whole = np.sum([contribution(r, n, np.float64, "sum") for r in range(SIZE)], axis=0)
+            part = np.full(len(np.array_split(whole, SIZE)[RANK]), -1, dtype)
+            assert comm.reduce_scatter(x, "sum", out=part) is part
+            np.testing.assert_array_equal(part, np.array_split(whole, SIZE)[RANK].astype(dtype))
+    finally:
+        comm.close()
+
+
 @pytest.mark.mpi(min_size=4)
 def test_ibm_mode_dims_plan_a_hierarchy():
     if SIZE % 2:

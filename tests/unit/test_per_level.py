@@ -250,3 +250,18 @@ def test_objects_are_refused_on_every_rank_naming_the_call(tree):
                        (lambda c: c.allgather(np.array([object()])), "cannot allgather dtype object")):
         _, errors = spawn_on(comms, call)
         assert all(isinstance(e, DDLError) and what in str(e) for e in errors), errors
+
+
+def test_staging_memory_is_kept_between_calls_up_to_its_limit():
+    from ddl.core.parts import Scratch
+    scratch = Scratch(keep_bytes=1 << 20)
+    first = scratch.get(1000, np.float64)
+    again = scratch.get(2000, np.float32)  # fewer bytes: the same memory, another dtype
+    assert first.shape == (1000,) and again.shape == (2000,) and again.dtype == np.float32
+    assert np.shares_memory(first, again)
+    grown = scratch.get(1 << 17, np.float64)  # 1 MiB: the limit, kept
+    assert grown.nbytes == 1 << 20 and np.shares_memory(grown, scratch.get(10, np.int8))
+    huge = scratch.get((1 << 17) + 1, np.float64)  # over it: made for the call alone
+    assert not np.shares_memory(huge, scratch.get(10, np.int8))
+    scratch.release()
+    assert not np.shares_memory(grown, scratch.get(10, np.int8))
