@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import _native
 from ..errors import DDLError, MismatchError
-from ..schedule.algorithms import ALLREDUCE, recursive_doubling_allreduce
+from ..schedule.algorithms import ALLREDUCE, leader_allreduce, recursive_doubling_allreduce
 from ..schedule.compile import CompiledPipeline, compile_blocks
 from .dtypes import raw
 from .plans import PlanCache
@@ -32,10 +32,13 @@ def hash64(text: str) -> int:
 
 class Agreement:
     """One communicator's agreement rounds. ``execute(pipeline, buffer, RunOptions) -> agreed`` runs a plan on
-    the communicator's executor; ``settings`` are the plan-shaping settings every call's hash includes."""
+    the communicator's executor; ``settings`` are the plan-shaping settings every call's hash includes;
+    ``hosts`` (each rank's host, the same list on every rank) makes the round cross hosts once per host."""
 
-    def __init__(self, rank: int, size: int, settings: str, plans: PlanCache, execute: Callable, timeout: float):
+    def __init__(self, rank: int, size: int, settings: str, plans: PlanCache, execute: Callable, timeout: float,
+                 hosts: list[str] | None = None):
         self.rank, self.size, self.settings = rank, size, settings
+        self.groups = host_groups(hosts) if hosts else None
         self._plans, self._execute, self._timeout = plans, execute, timeout
         self._hashes: dict[str, int] = {}
         self._options: dict[tuple, "_native.RunOptions"] = {}  # RunOptions are read-only to a run: made once
@@ -50,10 +53,15 @@ class Agreement:
         return h
 
     def plan(self, count: int) -> CompiledPipeline:
-        # Rank order, never the tree: ranks whose settings differ must still pair up to find out that they do.
+        # Hosts or rank order, never the tree: ranks whose settings differ must still pair up to find out that
+        # they do, and the hosts were gathered at start-up, the same on every rank whatever its settings.
+        if self.groups is not None:
+            algorithm, make = "leader", lambda n: leader_allreduce(self.rank, self.groups, n, keep_empty=True)
+        else:
+            algorithm, make = "recursive_doubling", lambda n: recursive_doubling_allreduce(self.rank, self.size, n,
+                                                                                           keep_empty=True)
         return self._plans.get(("agree", count), lambda: compile_blocks(
-            lambda n: recursive_doubling_allreduce(self.rank, self.size, n, keep_empty=True),
-            count, max(count, 1), 1, "recursive_doubling",
+            make, count, max(count, 1), 1, algorithm,
             ((-1, "agreement" if count == 0 else "agreement + data"),)))  # level -1: all ranks, rank order
 
     def options(self, call: str, dtype, op, **extra) -> "_native.RunOptions":
@@ -103,6 +111,16 @@ class Agreement:
             groups.setdefault(k, []).append(r)
         detail = "; ".join(f"ranks {ranges(rs)}: {k}" for k, rs in groups.items())
         raise MismatchError(f"rank {self.rank}: ranks called ddl differently: {detail}", calls)
+
+
+def host_groups(hosts: list[str]) -> list[list[int]] | None:
+    """The ranks of each host, in order of their first rank, where the agreement round is better crossing
+    hosts once per host: several hosts, one of them with several ranks. None: rank order it is."""
+    groups: dict[str, list[int]] = {}
+    for r, h in enumerate(hosts):
+        groups.setdefault(h, []).append(r)
+    shaped = list(groups.values())
+    return shaped if 1 < len(shaped) < len(hosts) else None
 
 
 def ranges(ranks: list[int]) -> str:

@@ -36,7 +36,7 @@ from ..topology import discover
 from ..units import format_size
 from ..topology.switches import switch_levels
 from ..topology import tree as hierarchical
-from . import bootstrap, devices, flight, host, rollcall, timeline
+from . import bootstrap, devices, flight, host, rides, rollcall, timeline
 from .asynchronous import Handle, Worker
 from .agreement import CAPACITY, Agreement, hash64
 from .diagnostics import CallTimer, check_against_mpi
@@ -130,7 +130,7 @@ class Communicator:
         shape = f"{hierarchical.describe(self.tree)} {[lv.to_dict() for lv in self.levels]} {self._forced}"
         settings = (f"algo={o.algo} segment={o.segment} inflight={o.inflight} small={self._small} "
                     f"tree={hash64(shape) & 0xffffffff:08x}")
-        self._agreement = Agreement(rank, size, settings, self._plans, self.execute, o.timeout)
+        self._agreement = Agreement(rank, size, settings, self._plans, self.execute, o.timeout, self.hosts)
         # Ranks that share one host collect through memory (ddl.core.host); agreed by all ranks, or none use it.
         self._host = None
         if mpi_comm is not None and size > 1:
@@ -143,6 +143,9 @@ class Communicator:
         # the short paths found and run natively (Python's short paths stay for what they decline)
         self._native = _native.ShortCalls(self._host.native if self._host is not None else None) \
             if self._fast else None
+        # off the host level: small calls that ride in the agreement round, worked out once (ddl.core.rides)
+        self._ride_fast = self._host is None and size > 1 and not o.dump_iter and not o.timeline and o.check is None
+        self._rides_known: dict = {}
         self._origin = 0
         if self._recorder is not None:  # one time origin for every rank's track: right after a barrier (hosts'
             if mpi_comm is not None:    # clocks differ; loopback ranks are threads sharing one clock)
@@ -222,7 +225,7 @@ class Communicator:
         if self._host is not None:
             self._host.close()
             self._host = self._agreement.host = None
-        self._fast = False
+        self._fast = self._ride_fast = False
         if not broken:  # (after a failure, receives the MPI could not cancel may still land in it)
             self._scratch.release()
         self._executor = _Closed()
@@ -719,6 +722,11 @@ class Communicator:
                     if dst is not None:  # (root reads array and copies it to dst; the others write dst only)
                         self._short(known[0], self._host.native.broadcast, array, dst, root, known[2])
                         return dst
+        if self._ride_fast and type(array) is np.ndarray and type(root) is int and array.flags.c_contiguous:
+            ride = self._rides_known.get(("broadcast", array.shape, array.dtype, root))
+            result = _short_out(array, out) if ride is not None else None
+            if result is not None:
+                return self._ride_broadcast(ride, array, result)
         if devices.is_device_array(array):
             return self._device().broadcast(array, root)
         self.drain()
@@ -747,8 +755,13 @@ class Communicator:
             return _deliver(result, out, direct)
         # (objects have no bytes to move: the round below refuses them on every rank)
         data = result.reshape(-1).view(np.uint8) if not a.dtype.hasobject else np.empty(0, np.uint8)
-        if self._rides(data.size):  # one round: root's bytes, zeros elsewhere, summed
-            words, payload = _disjoint_words(data.size)
+        if short and self._rides(data.size):  # one round: root's bytes, zeros elsewhere, summed
+            ride = self._ride(("broadcast", a.shape, a.dtype, root), lambda: rides.broadcast(
+                call, self._agreement.plan(-(-data.size // 8)), self._agreement.options(call, _WORDS, _SUM), a.shape,
+                a.dtype, self.rank == root))
+            return _deliver(self._ride_broadcast(ride, a, result), out, direct)
+        if self._rides(data.size):  # (a refused call: the same round, which raises on every rank)
+            words, payload = rides.words(data.size)
             if self.rank == root:
                 payload[...] = data
             with self.lock:
@@ -795,6 +808,11 @@ class Communicator:
                     if self._worker is not None:
                         self._worker.drain()
                     return _gathered_into(self._host_allgather(array, dst, out, known), out, self.rank)
+        if self._ride_fast and type(array) is np.ndarray and array.flags.c_contiguous:
+            ride = self._rides_known.get(("allgather", array.shape, array.dtype))
+            if ride is not None and (out is None or (type(out) is np.ndarray and out.shape == ride.answer.shape
+                                                     and out.dtype == array.dtype and _writable_contiguous(out.flags))):
+                return _gathered_into(self._ride_allgather(ride, array, out), out, self.rank)
         if devices.is_device_array(array):
             return self._device().allgather(array)
         self.drain()
@@ -826,10 +844,17 @@ class Communicator:
         rows = np.zeros(self.size, dtype=np.int64)
         rows[self.rank] = a.shape[0] if a.ndim else 0
         mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8) if problem is None else np.empty(0, np.uint8)
+        if short and self._rides(rows.nbytes + self.size * mine.size):
+            ride = self._ride(("allgather", a.shape, a.dtype), lambda: rides.allgather(
+                call, self._agreement.plan(-(-(rows.nbytes + self.size * mine.size) // 8)),
+                self._agreement.options(call, _WORDS, _SUM), a.shape, a.dtype, self.rank, self.size))
+            fits = out is not None and out.shape == ride.answer.shape
+            return _gathered_into(self._ride_allgather(ride, np.ascontiguousarray(a), out if fits else None), out,
+                                  self.rank)
         if self._rides(rows.nbytes + self.size * mine.size):
             # One round: the row counts and every rank's bytes in its slot (zeros elsewhere, summed as bytes),
             # sized as if all ranks had this rank's rows; uneven rows then take their planned allgather.
-            words, work = _disjoint_words(rows.nbytes + self.size * mine.size)
+            words, work = rides.words(rows.nbytes + self.size * mine.size)
             work[:rows.nbytes] = rows.view(np.uint8)
             at = rows.nbytes + self.rank * mine.size
             work[at:at + mine.size] = mine
@@ -907,6 +932,11 @@ class Communicator:
                 if dst is not None:  # (an out that overlaps the input: the native call copies the input first)
                     self._short(known[0], self._host.native.reduce_scatter, array, dst, prepared)
                     return dst
+        if self._ride_fast and type(array) is np.ndarray and array.flags.c_contiguous:
+            ride = self._rides_known.get(("reduce_scatter", array.shape, array.dtype, op, split))
+            if ride is not None and (out is None or (type(out) is np.ndarray and out.shape == ride.answer.shape
+                                                     and out.dtype == array.dtype and _writable_contiguous(out.flags))):
+                return self._ride_reduce_scatter(ride, array, out)
         if devices.is_device_array(array):
             raise DDLError(f"rank {self.rank}: reduce_scatter takes host arrays (GPU arrays: allreduce)")
         self.drain()
@@ -948,11 +978,14 @@ class Communicator:
                 self.agree(text, problem)  # raises everywhere on a bad call; one rank: nothing to agree
             return _deliver(np.ascontiguousarray(self.allreduce(a, op)), out, False)
         if self._host is None and self._rides(a.nbytes):  # one round: the whole reduced in it, then this rank's rows
-            work = np.ascontiguousarray(a).copy()
-            with self.lock:
-                self._agreement.agree(text, problem, raw(work).reshape(-1), code, rop, factor)
             start = sum(rows[:self.rank])
-            return _deliver(work[start:start + rows[self.rank]], out, False)
+            ride = rides.reduce_scatter(text, self._agreement.plan(a.size), self._agreement.options(text, code, rop,
+                                        factor=factor), a.shape, a.dtype, start, start + rows[self.rank])
+            if a.dtype.isbuiltin == 1:
+                ride = self._ride(("reduce_scatter", a.shape, a.dtype, op, split), lambda: ride)
+            direct = out is not None and out.flags.c_contiguous
+            return _deliver(self._ride_reduce_scatter(ride, raw(np.ascontiguousarray(a)), out if direct else None),
+                            out, direct)
         if self._host is None:  # planned per level: slow links carry only this rank's share, reduced below them
             direct = out is not None and out.flags.c_contiguous
             dst = out if direct else np.empty(mine, a.dtype)
@@ -1055,6 +1088,60 @@ class Communicator:
         self.execute(plan.compiled, staged, options)
         plan.take(staged, self.rank, dst)
 
+    # -- small calls that ride in the agreement round (ddl.core.rides) -----------------------------------
+
+    def _ride(self, key: tuple, make) -> rides.Ride:
+        """The known call ``key``'s Ride, made the first time (after its checks: the long path's)."""
+        ride = self._rides_known.get(key)
+        if ride is None:
+            if len(self._rides_known) > _SIGNATURE_CACHE:
+                self._rides_known.clear()
+            ride = self._rides_known[key] = make()
+        return ride
+
+    def _run_ride(self, ride: rides.Ride, src: np.ndarray | None = None) -> None:
+        """The round (the caller holds ``lock``): on the buffer as filled, or on a copy of ``src`` into it (as the
+        executor takes it: ddl.core.dtypes.raw)."""
+        agreed = self.execute(ride.plan, ride.buffer, ride.options) if src is None else \
+            self.execute(ride.plan, src, ride.options, ride.buffer)
+        if not agreed:
+            self._agreement.report_mismatch(ride.text)
+
+    def _ride_broadcast(self, ride: rides.Ride, a: np.ndarray, result: np.ndarray) -> np.ndarray:
+        self.drain()
+        with self.lock:
+            ride.buffer.fill(0)
+            if ride.mine is not None:
+                np.copyto(ride.mine, a)
+            self._run_ride(ride)
+            np.copyto(result, ride.answer)
+        return result
+
+    def _ride_allgather(self, ride: rides.Ride, a: np.ndarray, out) -> np.ndarray:
+        self.drain()
+        with self.lock:
+            ride.buffer.fill(0)
+            ride.rows[self.rank] = a.shape[0]
+            np.copyto(ride.mine, a)
+            self._run_ride(ride)
+            if ride.rows.tobytes() == ride.equal:
+                if out is None:
+                    return ride.answer.copy()
+                np.copyto(out, ride.answer)
+                return out
+            rows = ride.rows.copy()  # uneven: their planned allgather, now that every rank's count is known
+            mine = a.reshape(-1).view(np.uint8)
+            return self._gather_rows(a, mine, rows, a.dtype.itemsize * math.prod(a.shape[1:]), ride.text, out)
+
+    def _ride_reduce_scatter(self, ride: rides.Ride, a: np.ndarray, out) -> np.ndarray:
+        self.drain()
+        with self.lock:
+            self._run_ride(ride, a)
+            if out is None:
+                return ride.answer.copy()
+            np.copyto(out, ride.answer)
+            return out
+
     def broadcast_bytes(self, data: bytes | None, root: int = 0) -> bytes:
         """Root's bytes on every rank, whatever their length (it travels first); ``data`` is read on root only.
         The objects ddl moves (pickles, torch.save's output) go this way."""
@@ -1118,13 +1205,6 @@ class _Closed:
 
     def __getattr__(self, name):
         raise DDLError("this ddl communicator was closed (ddl.finalize() or Communicator.close())")
-
-
-def _disjoint_words(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
-    """(int64 words, their first ``nbytes`` bytes), zeroed: bytes that one rank writes and every other leaves
-    zero add up to themselves (no bits in common, no carries), so a sum of words moves bytes."""
-    words = np.zeros(-(-nbytes // 8), np.int64)
-    return words, words.view(np.uint8)[:nbytes]
 
 
 def _unmovable(a: np.ndarray, what: str) -> str | None:

@@ -82,6 +82,33 @@ def recursive_doubling_allreduce(rank: int, p: int, count: int, keep_empty: bool
     return _program(rank, rounds, steps, keep_empty)
 
 
+def leader_allreduce(rank: int, hosts: list[list[int]], count: int, keep_empty: bool = False) -> Program:
+    """Latency-optimal across hosts with one message per host and round on the links between them: each host's
+    ranks (``hosts``: the ranks of each host) reduce to its first rank along a binomial tree, the first ranks run
+    recursive doubling, and each hands the result to the others of its host in one round. Flat recursive
+    doubling sends every rank's message across those links instead (local-size times as many)."""
+    mine = next(h for h in hosts if rank in h)
+    i = mine.index(rank)
+    up = (max(len(h) for h in hosts) - 1).bit_length()
+    steps = []
+    for k in range(up):
+        mask = 1 << k
+        if i % (2 * mask) == mask:
+            steps.append(Step(k, Op.SEND, mine[i - mask], 0, count))
+        elif i % (2 * mask) == 0 and i + mask < len(mine):
+            steps.append(Step(k, Op.RECV_REDUCE, mine[i + mask], 0, count))
+    leaders = [h[0] for h in hosts]
+    across = recursive_doubling_allreduce(leaders.index(rank) if i == 0 else 0, len(hosts), count, keep_empty)
+    if i == 0:
+        steps += [Step(s.round + up, s.op, leaders[s.peer], s.offset, s.count) for s in across.steps]
+    down = up + across.rounds
+    if i == 0:
+        steps += [Step(down, Op.SEND, r, 0, count) for r in mine[1:]]
+    else:
+        steps.append(Step(down, Op.RECV_COPY, mine[0], 0, count))
+    return _program(rank, down + (1 if up else 0), steps, keep_empty)
+
+
 def rabenseifner_allreduce(rank: int, p: int, count: int) -> Program:
     """Recursive halving reduce-scatter, then recursive doubling allgather (Rabenseifner): 2*log2(pof2) rounds
     moving 2(pof2-1)/pof2 of the vector per active rank; the fold adds two rounds moving the whole vector."""

@@ -142,6 +142,22 @@ def test_uneven_nodes_carry_the_closed_form(tmp_path):
         assert abs(moved[node][0] - 4 / 3 * SIZE) <= 0.10 * 4 / 3 * SIZE, (node, moved[node])
 
 
+@pytest.mark.parametrize("shape", ["2x2", "3,2,1"])
+def test_small_calls_cross_hosts_through_their_first_ranks_and_mismatches_raise_everywhere(shape, tmp_path):
+    """The agreement round, which small collectives ride in, goes up to each host's first rank and across hosts
+    between those only (ddl.schedule.algorithms.leader_allreduce); known calls give numpy's answers on their
+    short path, and a rank that calls differently makes every rank raise MismatchError naming both calls."""
+    with cluster.Cluster(shape) as c:
+        done = c.mpirun([sys.executable, str(Path(JOB).with_name("small_calls_job.py")), str(tmp_path / "r")],
+                        timeout=240, quiet=True, capture=True)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        reports = [json.loads((tmp_path / f"r.{r}").read_text()) for r in range(c.nranks)]
+    assert len({r["host"] for r in reports}) == len(c.hosts)
+    for r in reports:
+        assert r["agreement"] == "leader" and r["wrong"] == []
+        assert "broadcast(shape=(3,)" in r["raised"] and "allgather(shape=(*, 3)" in r["raised"], r["raised"]
+
+
 def test_ddl_cluster_command_line(tmp_path):
     env = {**os.environ, "DDL_CLUSTER_STATE": str(tmp_path / "state")}
     cli = [sys.executable, "-m", "ddl.tools.cluster"]

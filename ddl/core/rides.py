@@ -1,0 +1,66 @@
+"""Small broadcasts, allgathers and reduce-scatters that ride in the agreement round, worked out once per call.
+
+Off the host memory level, a collective small enough to ride in the agreement round (ddl.core.agreement) runs
+the same round on every call of one signature: the same plan and options, the same layout of its payload. The
+first call (Python's long path, with its checks and refusals) makes the call's Ride; later calls of plain
+C-contiguous numpy arrays fill the Ride's buffer, run the round and copy the answer out. Between two ranks
+that is about 4 us of Python where the long path took 9-12, and ranks that share cores (8 ranks on 2 in the
+emulated clusters) pay that difference several times over.
+
+A Ride's buffer is reused: it is only touched under the communicator's lock, and answers are copied out of it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..schedule.compile import CompiledPipeline
+from .dtypes import raw
+
+
+@dataclass(eq=False)
+class Ride:
+    text: str                     # the call, as MismatchError names it
+    plan: CompiledPipeline        # the agreement round's, with this payload
+    options: object               # _native.RunOptions: the call's hash as the header
+    buffer: np.ndarray            # what the round runs on (int64 words summed, or the reduce-scatter's whole as
+                                  # the executor takes it)
+    mine: np.ndarray | None       # where this rank's input goes in it (None: nowhere, or the executor copies it)
+    answer: np.ndarray            # the answer's view of it
+    rows: np.ndarray | None = None  # allgather: every rank's row count, as the round summed them
+    equal: bytes = b""            # allgather: those counts' bytes where every rank has this rank's rows
+
+
+def words(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 words, their first ``nbytes`` bytes), zeroed: bytes that one rank writes and every other leaves
+    zero add up to themselves (no bits in common, no carries), so a sum of words moves bytes."""
+    buffer = np.zeros(-(-nbytes // 8), np.int64)
+    return buffer, buffer.view(np.uint8)[:nbytes]
+
+
+def broadcast(text: str, plan, options, shape: tuple, dtype: np.dtype, is_root: bool) -> Ride:
+    """Root's bytes, zeros elsewhere, summed."""
+    buffer, payload = words(math.prod(shape) * dtype.itemsize)
+    typed = payload.view(dtype).reshape(shape)
+    return Ride(text, plan, options, buffer, typed if is_root else None, typed)
+
+
+def allgather(text: str, plan, options, shape: tuple, dtype: np.dtype, rank: int, size: int) -> Ride:
+    """Every rank's row count and its bytes in its own slot (zeros elsewhere, summed), sized as if all ranks had
+    this rank's rows: where they do not, the counts say so and the planned allgather follows."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    counted = 8 * size
+    buffer, payload = words(counted + size * nbytes)
+    rows = payload[:counted].view(np.int64)
+    slots = payload[counted:]
+    return Ride(text, plan, options, buffer, slots[rank * nbytes:(rank + 1) * nbytes].view(dtype).reshape(shape),
+                slots.view(dtype).reshape((shape[0] * size,) + shape[1:]), rows,
+                np.full(size, shape[0], np.int64).tobytes())
+
+
+def reduce_scatter(text: str, plan, options, shape: tuple, dtype: np.dtype, start: int, stop: int) -> Ride:
+    """The whole reduced in the round (the executor copies the input in), then this rank's rows."""
+    whole = np.empty(shape, dtype)
+    return Ride(text, plan, options, raw(whole), None, whole[start:stop])
