@@ -14,6 +14,7 @@
 #include "ddl/host_memory.hpp"
 #include "ddl/loopback.hpp"
 #include "ddl/mpi_transport.hpp"
+#include "ddl/parts.hpp"
 #include "ddl/staging.hpp"
 
 namespace py = pybind11;
@@ -147,6 +148,28 @@ bool run(Executor& ex, const PyPlan& plan, const py::buffer& buf, const PyRunOpt
   return !o.header || (opt.header[0] == *o.header && opt.header[1] == -*o.header);
 }
 
+// A planned reduce-scatter or allgather through its staged buffer: the pieces go in and out block by block,
+// around the blocks' runs (ddl/parts.hpp). src and dst are bytes; their sizes are checked against the parts.
+void run_parts(Executor& ex, const PyPlan& plan, const py::buffer& staged, const py::buffer& src,
+               const py::buffer& dst, bool gather, const std::vector<int64_t>& counts,
+               const std::vector<int64_t>& positions, int64_t piece, const PyRunOptions& o) {
+  const int rank = ex.transport().rank();
+  if (counts.size() != positions.size() || static_cast<int>(counts.size()) != ex.transport().size())
+    throw std::invalid_argument("counts and positions need one entry per rank");
+  int64_t total = 0;
+  for (int64_t n : counts) total += n;
+  const int64_t mine = counts[static_cast<size_t>(rank)];
+  RunOptions opt = native_options(o);
+  opt.bytes = plan.extent * static_cast<int64_t>(dtype_size(o.dtype));
+  char* stage = static_cast<char*>(writable_buffer(staged, o.dtype, plan.extent));
+  const char* in = static_cast<const char*>(contiguous_buffer(src, o.dtype, gather ? mine : total, false));
+  char* out = static_cast<char*>(writable_buffer(dst, o.dtype, gather ? total : mine));
+  PartsCopies copies(gather, stage, in, out, dtype_size(o.dtype), piece, counts, positions, rank);
+  opt.hooks = &copies;
+  py::gil_scoped_release nogil;
+  ex.run(plan.plan, stage, opt);
+  if (o.factor != 1.0 && !gather) scale(out, mine, o.dtype, o.factor);
+}
 
 // The host memory level's calls: buffers are taken as bytes here (one buffer request each: the small path is
 // counted in hundreds of nanoseconds), the collective runs with the GIL released.
@@ -456,6 +479,11 @@ PYBIND11_MODULE(_native, m) {
           out.append(py::make_tuple(r.seq, r.label, r.bytes, r.start_ns, r.end_ns, r.state));
         return out;
       }, "The kept runs, oldest first: (seq, label, bytes, start ns, end ns, state: 0 running, 1 done, 2 failed).")
+      .def("run_parts", &run_parts, py::arg("plan"), py::arg("staged"), py::arg("src"), py::arg("dst"),
+           py::arg("gather"), py::arg("counts"), py::arg("positions"), py::arg("piece"), py::arg("options"),
+           "A planned allgather (gather; src: this rank's part, dst: every part in rank order) or reduce-scatter "
+           "(src: every part, dst: this rank's) through `staged`, each block's pieces copied in just before it "
+           "starts and out as soon as it ends (GIL released).")
       .def("run", &run, py::arg("plan"), py::arg("buffer"), py::arg("options"), py::arg("out") = py::none(),
            "Runs a pipeline on a contiguous buffer (GIL released); returns whether every rank's header agreed "
            "(true without one). With out (and a header): the small collective, run on a private copy of the "

@@ -249,11 +249,14 @@ class Communicator:
         """The MPI communicator ddl runs on (a private duplicate; None for loopback or alone)."""
         return self._mpi
 
-    def execute(self, plan: CompiledPipeline, buffer, options, out=None) -> bool:
+    def execute(self, plan: CompiledPipeline, buffer, options, out=None, parts: tuple | None = None) -> bool:
         """Runs a compiled pipeline on this communicator's executor (``_native.RunOptions``; ``out``: see
-        _native.Executor.run); returns whether every rank's header agreed (True without one). The caller holds
-        ``lock`` and has agreed first."""
+        _native.Executor.run; ``parts``: run_parts' arguments after the staged ``buffer``); returns whether every
+        rank's header agreed (True without one). The caller holds ``lock`` and has agreed first."""
         try:
+            if parts is not None:
+                self._executor.run_parts(plan.native, buffer, *parts, options)
+                return True
             return self._executor.run(plan.native, buffer, options, out)
         except DDLError as e:
             failure = self._name_failure(e, options.label, plan) if isinstance(e, RankFailure) else \
@@ -1070,23 +1073,13 @@ class Communicator:
         plan = self.parts_plan(half, counts, itemsize)
         if plan.extent == 0:
             return
-        starts = np.cumsum([0] + counts[:-1]).tolist()
-        if half == "allgather":
-            staged = dst if plan.in_rank_order else plan.staged(dst.dtype, self._scratch)
-            plan.put(staged, self.rank, src)
-            self.execute(plan.compiled, staged, options)
-            if staged is not dst:
-                for r, (at, n) in enumerate(zip(starts, counts)):
-                    plan.take(staged, r, dst[at:at + n])
+        if half == "allgather" and plan.in_rank_order:  # the output is the staged buffer
+            plan.put(dst, self.rank, src)
+            self.execute(plan.compiled, dst, options)
             return
-        staged = plan.staged(src.dtype, self._scratch)
-        if plan.in_rank_order:
-            np.copyto(staged, src)
-        else:
-            for r, (at, n) in enumerate(zip(starts, counts)):
-                plan.put(staged, r, src[at:at + n])
-        self.execute(plan.compiled, staged, options)
-        plan.take(staged, self.rank, dst)
+        # the pieces go in and out block by block, natively, overlapping the other blocks' transfers
+        self.execute(plan.compiled, plan.staged(src.dtype, self._scratch), options,
+                     parts=(src, dst, half == "allgather", counts, plan.positions, plan.piece))
 
     # -- small calls that ride in the agreement round (ddl.core.rides) -----------------------------------
 

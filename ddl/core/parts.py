@@ -4,7 +4,8 @@ position order, cut into pipeline blocks.
 Block b holds the b-th piece of every part, in position order, each piece ``piece`` elements long; a part
 shorter than the others is padded at its end (a few elements: pieces are its length over the blocks, rounded
 up). So every block has the same layout and runs one program, and the levels pipeline over the blocks like an
-allreduce's. Staging costs a copy of the buffer in memory; the links carry nothing extra.
+allreduce's. The native run copies each block's pieces in just before the block starts and out as soon as it
+ends, overlapping other blocks' transfers; the links carry nothing extra.
 """
 from __future__ import annotations
 
@@ -63,19 +64,10 @@ class PartsPlan:
         the ranks): then the caller's own buffer can be the staged one."""
         return self.nblocks == 1 and not self.padded and self.positions == tuple(range(len(self.counts)))
 
-    def staged(self, dtype, scratch: "Scratch | None" = None) -> np.ndarray:
-        """The staging buffer, from ``scratch`` where given; padding is zeroed (it is reduced and sent, never
-        read back)."""
-        if scratch is None:
-            return (np.zeros if self.padded else np.empty)(self.extent, dtype)
-        staged = scratch.get(self.extent, dtype)
-        if self.padded:
-            staged.fill(0)
-        return staged
-
-    def _pieces(self, staged: np.ndarray, rank: int) -> np.ndarray:
-        """Rank ``rank``'s pieces: a (blocks, piece) view of the staged buffer."""
-        return staged.reshape(self.nblocks, len(self.counts), self.piece)[:, self.positions[rank], :]
+    def staged(self, dtype, scratch: "Scratch") -> np.ndarray:
+        """The staging buffer, uninitialized: the native run fills it block by block, padding zeroed
+        (_native.Executor.run_parts)."""
+        return scratch.get(self.extent, dtype)
 
     def put(self, staged: np.ndarray, rank: int, part: np.ndarray) -> None:
         """Writes ``part`` (rank ``rank``'s, flat) into its pieces."""
@@ -84,12 +76,9 @@ class PartsPlan:
         if rest:
             pieces[full, :rest] = part[full * self.piece:]
 
-    def take(self, staged: np.ndarray, rank: int, part: np.ndarray) -> None:
-        """Reads rank ``rank``'s pieces back into ``part`` (flat)."""
-        pieces, full, rest = self._pieces(staged, rank), *divmod(self.counts[rank], self.piece or 1)
-        part[:full * self.piece].reshape(full, self.piece)[...] = pieces[:full]
-        if rest:
-            part[full * self.piece:] = pieces[full, :rest]
+    def _pieces(self, staged: np.ndarray, rank: int) -> np.ndarray:
+        """Rank ``rank``'s pieces: a (blocks, piece) view of the staged buffer."""
+        return staged.reshape(self.nblocks, len(self.counts), self.piece)[:, self.positions[rank], :]
 
 
 class Scratch:

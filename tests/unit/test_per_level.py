@@ -265,3 +265,19 @@ def test_staging_memory_is_kept_between_calls_up_to_its_limit():
     assert not np.shares_memory(huge, scratch.get(10, np.int8))
     scratch.release()
     assert not np.shares_memory(grown, scratch.get(10, np.int8))
+
+
+def test_run_parts_refuses_parts_that_do_not_fit_its_buffers():
+    comms = [Communicator.loopback(_native.LoopbackHub(1), 0, BASE)]
+    plan = comms[0].parts_plan("allgather", [8], 4)
+    ex = comms[0]._executor
+    opts = _native.RunOptions(_native.DType.float32, _native.ReduceOp.sum, 5.0, "test")
+    staged, src = np.zeros(plan.extent, np.float32), np.arange(8, dtype=np.float32)
+    with pytest.raises(ValueError, match="one entry per rank"):
+        ex.run_parts(plan.compiled.native, staged, src, np.zeros(8, np.float32), True, [8, 8], [0, 1], plan.piece,
+                     opts)
+    with pytest.raises(ValueError, match="holds 28 bytes"):
+        ex.run_parts(plan.compiled.native, staged, src, np.zeros(7, np.float32), True, [8], [0], plan.piece, opts)
+    dst = np.zeros(8, np.float32)
+    ex.run_parts(plan.compiled.native, staged, src, dst, True, [8], [0], plan.piece, opts)
+    np.testing.assert_array_equal(dst, src)
