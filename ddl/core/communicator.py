@@ -29,7 +29,7 @@ from ..planner import Plan, Shape, choose, label, latency_phases, pipelined, pre
 from ..planner.programs import round_phases
 from ..planner.explain import Explanation, explain
 from ..planner.sources import choose_tree
-from ..planner.per_level import broadcast_program, grid_of, scatter_algorithms
+from ..planner.per_level import broadcast_program, chain_program, grid_of, scatter_algorithms
 from ..schedule.alltoall import pairwise_exchange
 from ..schedule.compile import CompiledPipeline, compile_blocks
 from ..topology import discover
@@ -50,6 +50,8 @@ _BYTE = _native.DType.uint8
 _SUM = _native.ReduceOp.sum
 _WORDS = _native.DType.int64
 _SIGNATURE_CACHE = 1024
+CHAIN_FROM = 256 << 10  # broadcasts from this size (and 3 ranks) run as a pipelined chain ...
+CHAIN_BLOCK = 64 << 10  # ... in blocks of this size: p - 1 blocks of fill, small against the whole
 SCRATCH_KEPT = 256 << 20  # staging bytes a communicator keeps between calls (larger ones are made per call)
 TIMELINE_CALLS = 100_000  # calls a DDL_TIMELINE keeps per rank (the oldest go first)
 
@@ -773,14 +775,23 @@ class Communicator:
             return _deliver(result, out, direct)
         with self.lock:
             self._agreement.agree(call, problem)
-            block = self.options.segment or default_block_bytes(data.size)
-            plan = self._plans.get(("broadcast", data.size, root), lambda: compile_blocks(
-                lambda n: broadcast_program(self.rank, self._grid, n, root), data.size, block,
-                self.options.inflight or 2, "binomial per level" if len(self._grid.sizes) > 1 else "binomial"))
+            plan = self._plans.get(("broadcast", data.size, root), lambda: self._broadcast_plan(data.size, root))
             self.execute(plan, data, _native.RunOptions(_BYTE, _SUM, self.options.timeout, call))
         return _deliver(result, out, direct)
 
     bcast = broadcast
+
+    def _broadcast_plan(self, nbytes: int, root: int) -> CompiledPipeline:
+        """A large broadcast is a pipelined chain through the subtrees (every link carries the data once each
+        way); a smaller one a binomial tree per level (log2(p) rounds, the root sending every block that often)."""
+        per_level = len(self._grid.sizes) > 1
+        o = self.options
+        if self.size > 2 and nbytes >= CHAIN_FROM:
+            return compile_blocks(lambda n: chain_program(self.rank, self._grid, n, root), nbytes,
+                                  o.segment or CHAIN_BLOCK, o.inflight or 4, "chain per level" if per_level else "chain")
+        return compile_blocks(lambda n: broadcast_program(self.rank, self._grid, n, root), nbytes,
+                              o.segment or default_block_bytes(nbytes), o.inflight or 2,
+                              "binomial per level" if per_level else "binomial")
 
     def allgather(self, array, out: np.ndarray | None = None) -> np.ndarray:
         """Every rank's array concatenated along the first axis, in rank order (first dims may differ). With

@@ -10,15 +10,16 @@ Slow links carry only data already reduced below them, each byte once; an allgat
 stages the buffer in position order (ddl.core.parts) and the programs here run on it.
 
 Trees with uneven levels have no such order: their reduce-scatter and allgather run flat, a single level in
-tree order. A broadcast is a binomial tree over the ranks renumbered relative to the root's coordinates,
-lowest digit the top's, so its first rounds cross the slowest links and each subtree receives the data once.
+tree order. A small broadcast is a binomial tree over the ranks renumbered relative to the root's coordinates,
+lowest digit the top's, so its first rounds cross the slowest links and each subtree receives the data once; a
+large one is a pipelined chain through the subtrees in turn, so every link carries the data once each way.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..schedule.algorithms import binomial_tree
-from ..schedule.ir import Program, Step, number_tags
+from ..schedule.ir import Op, Program, Step, number_tags
 from ..topology.tree import depth, leaves
 from .model import effective_algorithm, level_rounds
 from .programs import scatter_gather
@@ -114,6 +115,33 @@ def scatter_algorithms(grid: Grid, plan_algorithms: tuple[str, ...], latency: bo
     if latency or len(plan_algorithms) != len(grid.sizes):
         return ("direct",) * len(grid.sizes)
     return tuple(a if a in ("ring", "rabenseifner", "direct") else "direct" for a in plan_algorithms)
+
+
+def chain_order(grid: Grid, root: int) -> list[int]:
+    """The ranks as a chain from ``root`` in which every subtree is one run (the root's own first): coordinates
+    relative to the root's, the top's most significant, in an even grid; the tree order turned to start at the
+    root otherwise."""
+    if grid.even:
+        base = grid.coords[root]
+        return sorted(range(grid.nranks), key=lambda r: tuple(
+            (grid.coords[r][lvl] - base[lvl]) % n for lvl, n in reversed(list(enumerate(grid.sizes)))))
+    at = grid.order.index(root)
+    return list(grid.order[at:] + grid.order[:at])
+
+
+def chain_program(rank: int, grid: Grid, count: int, root: int) -> Program:
+    """A pipelined chain broadcast: in round i the i-th rank of ``chain_order`` hands the block to the next.
+    Every rank sends and receives the data at most once and every link between subtrees carries it once each
+    way, so over many blocks it runs at the slowest link's bandwidth, where a binomial tree's root sends
+    every block log2(p) times; p - 1 rounds of fill make it the choice for large broadcasts only."""
+    chain = chain_order(grid, root)
+    i = chain.index(rank)
+    steps = []
+    if i > 0:
+        steps.append(Step(i - 1, Op.RECV_COPY, chain[i - 1], 0, count))
+    if i + 1 < len(chain):
+        steps.append(Step(i, Op.SEND, chain[i + 1], 0, count))
+    return Program(rank, number_tags(steps), max(1, len(chain) - 1))
 
 
 def broadcast_program(rank: int, grid: Grid, count: int, root: int) -> Program:

@@ -12,10 +12,10 @@ import pytest
 
 from ddl import DDLError, MismatchError, _native, planner, topology
 from ddl.core.communicator import Communicator
-from ddl.planner.per_level import broadcast_program, grid_of, scatter_algorithms, scatter_program
+from ddl.planner.per_level import broadcast_program, chain_program, grid_of, scatter_algorithms, scatter_program
 from ddl.schedule import Collective, Op, Schedule
 from ddl.schedule.check import ScheduleError, check
-from ddl.topology.tree import normalize
+from ddl.topology.tree import leaves, normalize
 from test_loopback import BASE, spawn_on
 
 TREES = [
@@ -194,6 +194,36 @@ def test_broadcast_per_level_from_every_root(tree):
     for r in range(6):
         for root in range(6):
             np.testing.assert_array_equal(results[r][root], values(root, (3001,), np.float32))
+
+
+@pytest.mark.parametrize("tree", LOOPBACK_TREES)
+def test_large_broadcasts_run_as_a_chain_with_numpys_answers(tree):
+    comms = comms_on(tree, segment=16 << 10)
+    n = (300 << 10) // 8  # past CHAIN_FROM: a chain of 19 blocks
+    results = run_all(comms, lambda c: [c.broadcast(values(c.rank, (n,), np.float64), root) for root in (0, 4)])
+    for r in range(6):
+        for k, root in enumerate((0, 4)):
+            np.testing.assert_array_equal(results[r][k], values(root, (n,), np.float64))
+    assert {plan.algorithm for key, plan in comms[0]._plans._plans.items() if key[0] == "broadcast"} <= \
+        {"chain", "chain per level"}
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_chains_from_every_root_pass_the_checker_and_cross_each_subtree_once_each_way(tree):
+    grid = grid_of(normalize(tree))
+    p = grid.nranks
+    top = {r: k for k, sub in enumerate(normalize(tree)) for r in leaves(sub)} if isinstance(tree[0], list) else None
+    for root in range(p):
+        programs = tuple(chain_program(r, grid, 7, root) for r in range(p))
+        check(Schedule(Collective.BROADCAST, "chain", p, 7, programs, root))
+        if top is not None:  # each top-level subtree entered at most once and left at most once
+            crossing = [(top[r], top[s.peer]) for r in range(p) for s in programs[r].steps
+                        if s.op is Op.SEND and top[s.peer] != top[r]]
+            assert len({b for _, b in crossing}) == len({a for a, _ in crossing}) == len(crossing)
+            # an even grid starts with the root's whole subtree; an uneven one (flat, in tree order) turns the
+            # order to start at the root and may come back into the root's subtree once, from the other side
+            subtrees = len(set(top.values()))
+            assert len(crossing) in ({subtrees - 1} if grid.even else {subtrees - 1, subtrees})
 
 
 def test_reduce_scatter_plans_follow_the_levels():
