@@ -73,10 +73,12 @@ def table(results: dict, n: int, where: str | None = None) -> str:
             f"{results[f'{c} {s}']['ddl_in']:.1f} us, {results[f'{c} {s}']['busbw']:.2f}" for s in SIZES) + " |")
     lines += ["", f"Worst ratio at {n} ranks: {worst:.2f}x MPI's time (target <= 1.0x)."]
     if "bound" in results:
+        broadcast = results["broadcast_bound"] / (results[f"broadcast {SIZES[-1]}"]["ddl_in"] * 1e-6)
         lines += ["", "Lower bound of a reduce-scatter or allgather (half the allreduce's: per level (E-1)/E x n / "
                   "B_out) against ddl's in-place time at " + format_size(SIZES[-1]) + ": " + ", ".join(
                       f"{c} {results['bound'] / (results[f'{c} {SIZES[-1]}']['ddl_in'] * 1e-6):.0%}"
-                      for c in ("reduce_scatter", "allgather")) + " of the bound."]
+                      for c in ("reduce_scatter", "allgather")) + " of the bound; broadcast (n / B_out of the "
+                  f"slowest level's links) {broadcast:.0%} of its bound."]
     return "\n".join(lines)
 
 
@@ -96,6 +98,7 @@ def on_cluster(name: str, repeats: int) -> tuple[dict, int, str]:
     results = json.loads(done.stdout.strip().splitlines()[-1])
     tree, levels = t.hierarchy(t.place(None, t.capacity()))
     results["bound"] = planner.lower_bound(planner.Shape.of(tree), levels, SIZES[-1])[0] / 2
+    results["broadcast_bound"] = planner.broadcast_lower_bound(planner.Shape.of(tree), levels, SIZES[-1])
     return results, t.capacity(), f"{name}: {emulate.PRESET_TEXT.get(name, name)}"
 
 

@@ -993,10 +993,13 @@ class Communicator:
             return _deliver(np.ascontiguousarray(self.allreduce(a, op)), out, False)
         if self._host is None and self._rides(a.nbytes):  # one round: the whole reduced in it, then this rank's rows
             start = sum(rows[:self.rank])
-            ride = rides.reduce_scatter(text, self._agreement.plan(a.size), self._agreement.options(text, code, rop,
-                                        factor=factor), a.shape, a.dtype, start, start + rows[self.rank])
-            if a.dtype.isbuiltin == 1:
-                ride = self._ride(("reduce_scatter", a.shape, a.dtype, op, split), lambda: ride)
+
+            def make():
+                return rides.reduce_scatter(text, self._agreement.plan(a.size), self._agreement.options(
+                    text, code, rop, factor=factor), a.shape, a.dtype, start, start + rows[self.rank])
+            # (a dtype numpy does not build in, bfloat16, keeps the long path: its Ride is not kept)
+            ride = self._ride(("reduce_scatter", a.shape, a.dtype, op, split), make) if a.dtype.isbuiltin == 1 \
+                else make()
             direct = out is not None and out.flags.c_contiguous
             return _deliver(self._ride_reduce_scatter(ride, raw(np.ascontiguousarray(a)), out if direct else None),
                             out, direct)

@@ -233,4 +233,10 @@ def lower_bound(shape: Shape, levels, nbytes: float) -> tuple[float, str]:
     return best, why
 
 
+def broadcast_lower_bound(shape: Shape, levels, nbytes: float) -> float:
+    """A broadcast's bandwidth bound: at every level with more than one child, each child other than the root's
+    receives all ``nbytes`` through its link out (a node's NICs, a rack's uplink), t >= n / B_out."""
+    return max((nbytes / c.escape for lvl, c in enumerate(levels) if _entities(shape, lvl) > 1), default=0.0)
+
+
 # -- choosing ---------------------------------------------------------------------------------------------------

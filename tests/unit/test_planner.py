@@ -221,3 +221,12 @@ def test_lower_bound_matches_the_anchors_two_level_formula():
     # Peer links (NVLink between siblings) count together with the uplink: both carry a GPU's traffic.
     peer = (LevelCost("gpu", "nvlink2", 1e-6, 1e9, 0.0, "peer", outside=1e9 + 12e9), lv[1])
     assert planner.lower_bound(planner.Shape.of(tree), peer, n)[0] == pytest.approx(2 * 31 / 32 * n / 13e9)
+
+
+def test_broadcast_lower_bound_is_n_over_the_slowest_escape_of_a_level_with_several_children():
+    tree = normalize([[r * 8 + i for i in range(8)] for r in range(4)])
+    lv = (LevelCost("gpu", "nvlink4", 1e-6, 370e9, 0.0, "uplink"), LevelCost("node", "ib_ndr", 5e-6, 50e9, 0.0))
+    n = 1 << 30
+    assert planner.broadcast_lower_bound(planner.Shape.of(tree), lv, n) == pytest.approx(n / 50e9)
+    one_node = normalize([list(range(8))])  # a single node: its link out carries nothing
+    assert planner.broadcast_lower_bound(planner.Shape.of(one_node), lv[:1], n) == pytest.approx(n / 370e9)
