@@ -44,6 +44,15 @@ class Agreement:
         self._options: dict[tuple, "_native.RunOptions"] = {}  # RunOptions are read-only to a run: made once
         self.host = None  # the host memory level (ddl.core.host), which runs the round where ranks share a host
 
+    def describe(self) -> str:
+        """The round's shape, as ddl.explain says it."""
+        if self.host is not None:
+            return "on the host memory level (one shared-memory segment)"
+        if self.groups is not None:
+            return (f"each host's ranks to its first rank, recursive doubling between the {len(self.groups)} "
+                    f"first ranks, back down (one message per host and round between hosts)")
+        return f"recursive doubling over the {self.size} ranks in rank order"
+
     def hash(self, call: str) -> int:
         h = self._hashes.get(call)
         if h is None:

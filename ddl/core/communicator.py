@@ -394,7 +394,9 @@ class Communicator:
     def explain(self, nbytes: int) -> Explanation:
         """What an allreduce of ``nbytes`` would do here: levels, groups, algorithms, bytes per link kind,
         predicted time against the topology's lower bound (the same as ``ddl-topo --plan``)."""
-        said = replace(explain(self.plan_for(nbytes), nbytes), transport=self._transport())
+        agreement = "" if self.size == 1 else \
+            f"{self._agreement.describe()}; calls of up to {format_size(self._small)} ride in it"
+        said = replace(explain(self.plan_for(nbytes), nbytes), transport=self._transport(), agreement=agreement)
         if self._host is None:
             return said
         steps = -(-nbytes // self._host.native.slot_bytes)

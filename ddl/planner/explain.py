@@ -22,6 +22,7 @@ class Explanation:
     link_bytes: tuple[float, ...]  # per level: bytes one child sends over the level's links
     runs_on: str = ""         # where the call really runs when not on this plan (the host memory level)
     transport: str = ""       # what carries the levels' messages, and how the ranks found each other
+    agreement: str = ""       # the shape of the agreement round every collective starts with
 
     @property
     def nranks(self) -> int:
@@ -45,7 +46,7 @@ class Explanation:
             "phases": [p.__dict__ for p in self.phases],
             "predicted_seconds": self.predicted, "lower_bound_seconds": self.bound,
             "lower_bound_reason": self.bound_reason, "efficiency": self.efficiency, "runs_on": self.runs_on,
-            "transport": self.transport,
+            "transport": self.transport, "agreement": self.agreement,
         }
 
     def text(self) -> str:
@@ -77,6 +78,8 @@ class Explanation:
             lines.append(self.runs_on)
         if self.transport:
             lines.append(f"transport: {self.transport}")
+        if self.agreement:
+            lines.append(f"agreement round: {self.agreement}")
         return "\n".join(lines)
 
     __str__ = text

@@ -53,6 +53,14 @@ def test_torchrun_trains_with_only_the_backend_name_changed(nproc, kind):
 
 
 @joins
+def test_a_horovod_style_script_runs_under_torchrun():
+    done = torchrun(2, "horovod")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for r in range(2):
+        assert f"rank {r} of 2: horovod equals one process" in done.stdout
+
+
+@joins
 def test_a_plain_script_under_torchrun_sees_the_ranks_and_its_host(tmp_path):
     done = torchrun(4, "numpy", str(tmp_path / "seen.json"))
     assert done.returncode == 0, done.stderr[-3000:]

@@ -3,6 +3,8 @@
     torchrun_job.py ddp|fsdp     dist.init_process_group("ddl"); DDP or FSDP2 trains 4 steps on this rank's
                                  share of a global batch; every rank checks its weights against one process
                                  training on the whole batch (torch alone, no collective)
+    torchrun_job.py horovod      a Horovod-style script (ddl.horovod.torch: hvd.init(), broadcast_parameters,
+                                 DistributedOptimizer), checked the same way
     torchrun_job.py numpy REPORT ddl.init() in a plain script; an allreduce checked in closed form; rank 0 writes
                                  what ddl saw (ranks, local ranks, hosts) to REPORT
     torchrun_job.py dies         ddl.init(), then the last rank exits before an allreduce: the others must fail
@@ -37,11 +39,14 @@ def batch(step: int):
     return x, x.sum(dim=1, keepdim=True).sin()
 
 
-def train(net, rank: int, size: int, share: bool):
-    """Plain SGD on mean squared error; with ``share`` each rank takes its contiguous BATCH/size rows."""
+def train(net, rank: int, size: int, share: bool, wrap=None):
+    """Plain SGD on mean squared error; with ``share`` each rank takes its contiguous BATCH/size rows; ``wrap``
+    makes the optimizer distributed (Horovod's way)."""
     import torch
 
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    if wrap is not None:
+        opt = wrap(opt)
     for step in range(STEPS):
         x, y = batch(step)
         if share:
@@ -91,6 +96,31 @@ def trained(kind: str) -> int:
     dist.destroy_process_group()
     if not failed:
         print(f"rank {rank} of {size}: {kind} equals one process", flush=True)
+    return failed
+
+
+def horovod_style() -> int:
+    """The script Horovod's documentation starts from, with only its import changed."""
+    import torch
+
+    import ddl.horovod.torch as hvd
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    reference = model()
+    train(reference, 0, 1, share=False)
+    net = model()
+    if rank != 0:  # another start on the other ranks: broadcast_parameters must give them rank 0's
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(1.0)
+    hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+    train(net, rank, size, share=True,
+          wrap=lambda opt: hvd.DistributedOptimizer(opt, named_parameters=net.named_parameters()))
+    failed = check(rank, {n: t.detach() for n, t in net.named_parameters()}, dict(reference.named_parameters()))
+    if not failed:
+        print(f"rank {rank} of {size}: horovod equals one process", flush=True)
+    hvd.shutdown()
     return failed
 
 
@@ -145,5 +175,5 @@ def restarts() -> int:
 
 if __name__ == "__main__":
     what = sys.argv[1]
-    sys.exit(trained(what) if what in ("ddp", "fsdp") else plain(sys.argv[2]) if what == "numpy" else
-             restarts() if what == "restarts" else dies())
+    sys.exit(trained(what) if what in ("ddp", "fsdp") else horovod_style() if what == "horovod" else
+             plain(sys.argv[2]) if what == "numpy" else restarts() if what == "restarts" else dies())

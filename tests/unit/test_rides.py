@@ -152,3 +152,13 @@ def test_a_rank_that_calls_differently_after_known_calls_raises_a_mismatch_every
     _, errors = spawn_on(comms, body)
     assert all(isinstance(e, MismatchError) for e in errors), errors
     assert all(usual in str(e) and odd in str(e) for e in errors), errors[0]
+
+
+def test_explain_says_how_the_agreement_round_runs():
+    shaped = on_hosts(HOSTS_OF_SIX)[0].explain(1 << 20)
+    assert "each host's ranks to its first rank" in shaped.agreement and "3 first ranks" in shaped.agreement
+    assert "agreement round: each host's" in shaped.text()
+    hub = _native.LoopbackHub(3)
+    flat = Communicator.loopback(hub, 0, BASE).explain(8)
+    assert flat.agreement.startswith("recursive doubling over the 3 ranks") and "ride in it" in flat.agreement
+    assert shaped.to_dict()["agreement"] == shaped.agreement
