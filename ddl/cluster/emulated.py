@@ -39,6 +39,7 @@ NETNS_ETC = Path("/etc/netns")  # ip netns exec's per-namespace overrides of /et
 MTU = 9000
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,23}")
 _AUTO = re.compile(r"ddl-p(\d+)-\d+-")
+_DAEMON_LOST = "A daemon failed to report back"  # Open MPI's launcher (PRRTE), when a node's daemon never came
 _counter = iter(range(1 << 30))
 
 AGENT = """#!/bin/sh
@@ -330,8 +331,18 @@ class Cluster:
         full = self.exec_argv(self.rank_hosts[0], cmd)
         if not quiet:
             print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-        done = supervise.run(full, env={**os.environ, **menv, **extra}, timeout=timeout, capture=capture,
-                             cleanup=self.kill_jobs)
+        deadline = time.monotonic() + timeout
+        for attempt in range(2):
+            done = supervise.run(full, env={**os.environ, **menv, **extra}, timeout=deadline - time.monotonic(),
+                                 capture=capture, cleanup=self.kill_jobs)
+            # Open MPI's launcher lost a node's daemon before any rank started (seen once in CI, exit 213 on a
+            # loaded machine): nothing of the job ran, so it starts again once while half the time is left
+            lost = done.returncode and capture and _DAEMON_LOST in (done.stdout or "") + (done.stderr or "")
+            if attempt or not lost or deadline - time.monotonic() < timeout / 2:
+                break
+            self.kill_jobs()
+            print(f"cluster {self.name!r}: a daemon did not report back; starting the job again", file=sys.stderr,
+                  flush=True)
         return subprocess.CompletedProcess(full, done.returncode, done.stdout, done.stderr)
 
     def torchrun(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 600,

@@ -1,13 +1,15 @@
 """Emulated-cluster specs, launch command lines and the cluster's wiring plan: pure, no root needed."""
+import types
+
 import pytest
 
 from ddl import cluster
 
 from ddl.tools import ddlrun
 
-from ddl.cluster import spec as emulate
+from ddl.cluster import emulated, spec as emulate
 
-from ddl.runner import mpirun
+from ddl.runner import mpirun, supervise
 from ddl.errors import DDLError, TopologyError
 
 
@@ -165,3 +167,24 @@ def test_a_job_on_some_hosts_gets_the_topology_with_its_ranks_placed():
     assert not Counter(some.placement) - Counter(full.placement)  # each place of the cluster used once at most
     with pytest.raises(ClusterError, match=r"rank 2: host .* no place left"):
         c.topology_for([hosts[1]] * 3)
+
+
+def test_a_job_whose_daemon_never_reported_back_starts_again_once(monkeypatch, tmp_path):
+    """Open MPI's launcher losing a node's daemon before any rank ran (seen once in CI): the job starts again,
+    once; any other failure is the job's and is returned as it is."""
+    c = emulated.Cluster("2x1")  # (not brought up: no namespaces; supervise.run is faked)
+    c._up, c.workdir = True, tmp_path
+    monkeypatch.setattr(c, "kill_jobs", lambda: None)
+    said = {"out": "A daemon failed to report back after being spawned.", "rc": 213}
+    runs = []
+
+    def run(argv, env, timeout, capture, cleanup):
+        runs.append(timeout)
+        return types.SimpleNamespace(returncode=said["rc"], stdout=said["out"], stderr="")
+
+    monkeypatch.setattr(supervise, "run", run)
+    assert c.mpirun(["true"], timeout=100, quiet=True, capture=True).returncode == 213
+    assert len(runs) == 2 and runs[1] <= runs[0] <= 100  # once again, within the same deadline
+    runs.clear()
+    said.update(out="rank 0: wrong allreduce result", rc=1)
+    assert c.mpirun(["true"], timeout=100, quiet=True, capture=True).returncode == 1 and len(runs) == 1
