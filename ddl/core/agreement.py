@@ -71,7 +71,7 @@ class Agreement:
                                                                                            keep_empty=True)
         return self._plans.get(("agree", count), lambda: compile_blocks(
             make, count, max(count, 1), 1, algorithm,
-            ((-1, "agreement" if count == 0 else "agreement + data"),)))  # level -1: all ranks, rank order
+            ((-1, "agreement" if count == 0 else "agreement + data"),)))  # level -1: all ranks
 
     def options(self, call: str, dtype, op, **extra) -> "_native.RunOptions":
         key = (call, dtype, op, *extra.items())
