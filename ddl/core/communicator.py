@@ -815,8 +815,7 @@ class Communicator:
             known = self._calls.get(("allgather", array.shape, array.dtype))
             if known is not None:
                 gathered = known[3]
-                fits = out is None or (type(out) is np.ndarray and out.shape == gathered
-                                       and out.dtype == array.dtype and _writable_contiguous(out.flags))
+                fits = _out_fits(out, gathered, array.dtype)
                 if fits and self._host is None:  # one rank
                     return self._alone_short(array, out)
                 dst = np.empty(gathered, array.dtype) if out is None else out if fits else None
@@ -826,8 +825,7 @@ class Communicator:
                     return _gathered_into(self._host_allgather(array, dst, out, known), out, self.rank)
         if self._ride_fast and type(array) is np.ndarray and array.flags.c_contiguous:
             ride = self._rides_known.get(("allgather", array.shape, array.dtype))
-            if ride is not None and (out is None or (type(out) is np.ndarray and out.shape == ride.answer.shape
-                                                     and out.dtype == array.dtype and _writable_contiguous(out.flags))):
+            if ride is not None and _out_fits(out, ride.answer.shape, array.dtype):
                 return _gathered_into(self._ride_allgather(ride, array, out), out, self.rank)
         if devices.is_device_array(array):
             return self._device().allgather(array)
@@ -940,8 +938,7 @@ class Communicator:
             known = self._calls.get(("reduce_scatter", array.shape, array.dtype, op, split))
             if known is not None:
                 mine, prepared = known[3]
-                fits = out is None or (type(out) is np.ndarray and out.shape == mine and out.dtype == array.dtype
-                                       and _writable_contiguous(out.flags))
+                fits = _out_fits(out, mine, array.dtype)
                 if fits and self._host is None:  # one rank
                     return self._alone_short(array, out)
                 dst = np.empty(mine, array.dtype) if out is None else out if fits else None
@@ -950,8 +947,7 @@ class Communicator:
                     return dst
         if self._ride_fast and type(array) is np.ndarray and array.flags.c_contiguous:
             ride = self._rides_known.get(("reduce_scatter", array.shape, array.dtype, op, split))
-            if ride is not None and (out is None or (type(out) is np.ndarray and out.shape == ride.answer.shape
-                                                     and out.dtype == array.dtype and _writable_contiguous(out.flags))):
+            if ride is not None and _out_fits(out, ride.answer.shape, array.dtype):
                 return self._ride_reduce_scatter(ride, array, out)
         if devices.is_device_array(array):
             raise DDLError(f"rank {self.rank}: reduce_scatter takes host arrays (GPU arrays: allreduce)")
@@ -1134,10 +1130,7 @@ class Communicator:
             np.copyto(ride.mine, a)
             self._run_ride(ride)
             if ride.rows.tobytes() == ride.equal:
-                if out is None:
-                    return ride.answer.copy()
-                np.copyto(out, ride.answer)
-                return out
+                return _answer_into(ride.answer, out)
             rows = ride.rows.copy()  # uneven: their planned allgather, now that every rank's count is known
             mine = a.reshape(-1).view(np.uint8)
             return self._gather_rows(a, mine, rows, a.dtype.itemsize * math.prod(a.shape[1:]), ride.text, out)
@@ -1146,10 +1139,7 @@ class Communicator:
         self.drain()
         with self.lock:
             self._run_ride(ride, a)
-            if out is None:
-                return ride.answer.copy()
-            np.copyto(out, ride.answer)
-            return out
+            return _answer_into(ride.answer, out)
 
     def broadcast_bytes(self, data: bytes | None, root: int = 0) -> bytes:
         """Root's bytes on every rank, whatever their length (it travels first); ``data`` is read on root only.
@@ -1251,10 +1241,22 @@ def _short_out(array: np.ndarray, out) -> np.ndarray | None:
         return np.empty(array.shape, array.dtype)
     if out is array:
         return array if array.flags.writeable else None
-    if type(out) is np.ndarray and out.shape == array.shape and out.dtype == array.dtype \
-            and _writable_contiguous(out.flags):
-        return out
-    return None
+    return out if _out_fits(out, array.shape, array.dtype) else None
+
+
+def _out_fits(out, shape: tuple, dtype) -> bool:
+    """Whether a short path may write its result of ``shape`` and ``dtype`` to ``out``: None (it makes one) or a
+    plain writable C-contiguous array of both; any other out takes the long path, with its checks and errors."""
+    return out is None or (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
+                           and _writable_contiguous(out.flags))
+
+
+def _answer_into(answer: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """A ride's answer, copied out of its reused buffer: into ``out``, or a new array."""
+    if out is None:
+        return answer.copy()
+    np.copyto(out, answer)
+    return out
 
 
 def _gathered_into(result: np.ndarray, out, rank: int) -> np.ndarray:
