@@ -8,7 +8,8 @@ class DDLError(RuntimeError):
 
 
 class MismatchError(DDLError):
-    """Ranks called the same collective with different shapes, dtypes, ops or roots (raised on every rank).
+    """Ranks called the same collective with different shapes, dtypes, ops or roots (raised on every rank; after a
+    small broadcast that ran ahead on one host, by the others at their next collective that waits for every rank).
     ``calls``: what each rank called, in rank order (the same list on every rank), when the ranks exchanged it."""
 
     def __init__(self, message: str, calls=None):

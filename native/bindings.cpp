@@ -193,9 +193,9 @@ void need(const Bytes& b, size_t bytes, const char* what) {
                                 std::to_string(bytes));
 }
 
-HostCall host_call(int64_t hash, double timeout, std::string label) {
+HostCall host_call(int64_t hash, double timeout, std::string label, bool run_ahead = false) {
   HostCall c;
-  c.hash = hash, c.timeout_s = timeout, c.label = std::move(label);
+  c.hash = hash, c.timeout_s = timeout, c.label = std::move(label), c.run_ahead = run_ahead;
   return c;
 }
 
@@ -248,7 +248,9 @@ bool barrier(HostMemory& h, HostCall& c) {
 void bind_host(py::module_& m) {
   using V = std::vector<int64_t>;
   py::class_<HostCall>(m, "HostCall", "A host level call's hash, deadline and label, made once per signature.")
-      .def(py::init(&host_call), py::arg("hash"), py::arg("timeout"), py::arg("label"));
+      .def(py::init(&host_call), py::arg("hash"), py::arg("timeout"), py::arg("label"), py::arg("run_ahead") = false,
+           "run_ahead: a broadcast of up to HostMemory.RUN_AHEAD_BYTES returns on the root at once and is checked "
+           "on receipt (every rank has made the call before)");
   py::class_<HostAllreduce>(m, "HostAllreduce", "An allreduce's dtype, op, factor and phases, and its HostCall.")
       .def(py::init([](DType t, ReduceOp op, double factor, size_t one_phase, int64_t hash, double timeout,
                        std::string label) {
@@ -272,6 +274,10 @@ void bind_host(py::module_& m) {
       .def_static("unlink", &HostMemory::unlink, py::arg("name"))
       .def_property_readonly("broken", &HostMemory::broken)
       .def_property_readonly("slot_bytes", &HostMemory::slot_bytes)
+      .def_readonly_static("RUN_AHEAD_BYTES", &HostMemory::kRunAheadBytes)
+      .def_readonly_static("RUN_AHEAD_DEPTH", &HostMemory::kRunAheadDepth)
+      .def_property_readonly("history", &HostMemory::history,
+                             "The run-ahead broadcasts the last full step checked, as errors name them.")
       .def_property_readonly("probe_address", &HostMemory::probe_address,
                              "Where this rank's probe word is, for a peer's can_read.")
       .def("can_read", &HostMemory::can_read, py::arg("rank"), py::arg("address"),
@@ -363,6 +369,8 @@ PYBIND11_MODULE(_native, m) {
       name = "TransportError", what = e.what();
     } catch (const DeviceError& e) {
       name = "DeviceError", what = e.what();
+    } catch (const CallMismatch& e) {
+      name = "MismatchError", what = e.what();
     }
     if (name) PyErr_SetString(py::module_::import("ddl.errors").attr(name).ptr(), what.c_str());
   });

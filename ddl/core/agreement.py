@@ -90,8 +90,13 @@ class Agreement:
         text = problem or call
         work = np.empty(0, np.uint8) if work is None else work
         if self.host is not None:
-            agreed = self.host.native.allreduce(raw(work), raw(work), dtype, op, factor, work.nbytes,
-                                                self.hash(text), self._timeout, text)
+            try:
+                agreed = self.host.native.allreduce(raw(work), raw(work), dtype, op, factor, work.nbytes,
+                                                    self.hash(text), self._timeout, text)
+            except MismatchError:  # (the others ran a broadcast ahead: they learn it at their next full step)
+                if problem:
+                    raise DDLError(f"rank {self.rank}: {problem}") from None
+                raise
         else:
             agreed = self._execute(self.plan(work.size), raw(work), self.options(text, dtype, op, factor=factor))
         if not agreed:
@@ -103,6 +108,9 @@ class Agreement:
         """All ranks are here together: exchange what each called and with which settings (fixed-size slots,
         summed in a plan that no setting can change), then raise the same MismatchError everywhere."""
         slots = np.zeros(self.size * REPORT_BYTES, dtype=np.uint8)
+        before = self.host.native.history if self.host is not None else ""
+        if before:  # the step checked the broadcasts that ran ahead of it too: they may be what differs
+            mine = f"{mine} after {before}"
         text = f"{mine} | {self.settings}".encode()[:REPORT_BYTES]
         slots[self.rank * REPORT_BYTES:self.rank * REPORT_BYTES + len(text)] = np.frombuffer(text, np.uint8)
         words = slots.view(np.int64)

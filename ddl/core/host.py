@@ -4,7 +4,9 @@ Each communicator whose ranks all share a host gets its own segment (POSIX share
 communicators of an elastic shrink each have theirs). Rank 0 creates it; once every rank has mapped it, rank 0
 unlinks its name, so nothing is left in /dev/shm whatever way the job ends afterwards (a killed rank's mapping
 goes with its process). The collectives themselves are native (ddl._native.HostMemory): each step checks
-every rank's call hash in the segment, so mismatched calls raise on every rank at no extra round.
+every rank's call hash in the segment, so mismatched calls raise on every rank at no extra round. A small
+broadcast that every rank has made before runs ahead (its root does not wait; receivers check the root's hash on
+receipt, and a mismatch reaches the other ranks at their next full step: see host_memory.hpp).
 
 Where the kernel lets ranks read each other's memory (process_vm_readv, checked once per segment by every rank),
 broadcasts and allgathers from SINGLE_COPY_BYTES copy straight from the writer's buffer: one copy, not two

@@ -179,13 +179,14 @@ class Runner:
         """ddl's broadcast, allgather and reduce_scatter write the preallocated output (``out=``), as MPI's do."""
         import ddl
 
-        share = out.size // self.comm.size
-        mine = out[self.comm.rank * share:(self.comm.rank + 1) * share]
-        if self.collective == "broadcast":
+        if self.collective == "broadcast":  # (before anything else: MPI's column slices nothing for it)
             if not inplace and self.comm.rank == root:
                 out[...] = x  # as the MPI column: root's send buffer lands in every output
             ddl.broadcast(out, root, out=out)
-        elif self.collective == "allgather":
+            return
+        share = out.size // self.comm.size
+        mine = out[self.comm.rank * share:(self.comm.rank + 1) * share]
+        if self.collective == "allgather":
             ddl.allgather(mine if inplace else x, out=out)
         else:
             ddl.reduce_scatter(out if inplace else x, out=mine)

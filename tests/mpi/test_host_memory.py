@@ -13,6 +13,7 @@ import pytest
 from mpi4py import MPI
 
 import ddl
+from ddl import _native
 from ddl import DDLError, MismatchError
 from ddl.core import host
 from ddl.core.communicator import Communicator
@@ -222,6 +223,68 @@ def test_known_calls_run_natively_and_decline_what_they_do_not_know():
     assert native.allreduce(read_only, "max", read_only) is None  # in place into a read-only array: refused by Python
     with pytest.raises(DDLError):
         ddl.allreduce(read_only, "max", out=read_only)
+
+
+RUN_AHEAD = _native.HostMemory.RUN_AHEAD_BYTES
+
+
+@pytest.mark.parametrize("n", [1, RUN_AHEAD // 8, RUN_AHEAD // 8 + 1], ids=["8B", "run-ahead-limit", "one-more"])
+def test_known_small_broadcasts_from_every_root_arrive_intact_while_roots_run_ahead(n):
+    base = np.arange(n, dtype=np.int64)
+    for root in range(SIZE):
+        x, out = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        for i in range(3 * _native.HostMemory.RUN_AHEAD_DEPTH):  # nothing else meanwhile: the root may lead
+            x[...] = base * 3 + 1000 * root + i if RANK == root else -1
+            ddl.broadcast(x, root, out=x)  # in place
+            np.testing.assert_array_equal(x, base * 3 + 1000 * root + i)
+            ddl.broadcast(x * 2, root, out=out)  # out of place: root's input lands in every out
+            np.testing.assert_array_equal(out, (base * 3 + 1000 * root + i) * 2)
+
+
+def raised_by_the_next_full_step(call) -> list:
+    """The errors of ``call`` and of the barrier after it, on this rank."""
+    errors = []
+    for f in (call, ddl.barrier):
+        try:
+            f()
+        except DDLError as e:
+            errors.append(e)
+    return errors
+
+
+def test_a_known_broadcast_of_another_shape_raises_there_at_once_and_everywhere_at_the_next_full_step():
+    a, b = np.ones(2), np.ones(3)
+    ddl.broadcast(a, 0, out=a), ddl.broadcast(b, 0, out=b)  # both known on every rank
+    odd = RANK == SIZE - 1
+    errors = raised_by_the_next_full_step(lambda: ddl.broadcast(b if odd else a, 0, out=b if odd else a))
+    if odd:  # it checked the root's call on receipt
+        assert "broadcast(shape=(3,)" in str(errors[0]) and "ranks 0: broadcast(shape=(2,)" in str(errors[0])
+    assert len(errors) == (2 if odd else 1)
+    assert isinstance(errors[-1], MismatchError) and "barrier() after" in str(errors[-1])
+    assert f"ranks {SIZE - 1}: barrier() after " in str(errors[-1])  # what each ran ahead with, the last:
+    assert "broadcast(shape=(3,), dtype=float64, root=0) (raised here)" in str(errors[-1])
+    np.testing.assert_array_equal(ddl.allreduce(values(RANK, 3)), total(3))  # and the level goes on
+
+
+def test_ranks_that_each_take_another_root_all_raise_by_the_next_full_step():
+    x = np.ones(2)
+    ddl.broadcast(x, 0, out=x), ddl.broadcast(x, 1, out=x)  # both known on every rank
+    errors = raised_by_the_next_full_step(lambda: ddl.broadcast(x, 0 if RANK == 0 else 1, out=x))
+    assert isinstance(errors[-1], MismatchError)
+    assert "ranks 0: barrier() after broadcast(shape=(2,), dtype=float64, root=0)" in str(errors[-1])
+    assert "barrier() after broadcast(shape=(2,), dtype=float64, root=1)" in str(errors[-1])
+    np.testing.assert_array_equal(ddl.allreduce(values(RANK, 3)), total(3))
+
+
+def test_a_known_broadcast_refused_on_one_rank_raises_its_reason_there_and_mismatch_everywhere_next():
+    x = np.ones(2)
+    ddl.broadcast(x, 0, out=x)
+    errors = raised_by_the_next_full_step(lambda: ddl.broadcast(x, 0, out=np.empty(9) if RANK == 1 else x))
+    if RANK == 1:
+        assert not isinstance(errors[0], MismatchError) and "rank 1: out has shape (9,)" in str(errors[0])
+    assert isinstance(errors[-1], MismatchError) and "ranks 1: barrier() after " in str(errors[-1])
+    assert "out has shape (9,) and dtype float64; the input has (2,), float64 (raised here)" in str(errors[-1])
+    np.testing.assert_array_equal(ddl.allreduce(values(RANK, 3)), total(3))
 
 
 class ReduceOpLike:

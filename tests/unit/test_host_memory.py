@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from ddl import _native
-from ddl.errors import RankFailure, TransportError
+from ddl.errors import MismatchError, RankFailure, TransportError
 
 SLOT = 64 << 10
 DIRECT = 4 << 10  # single copy from this many bytes
+AHEAD = _native.HostMemory.RUN_AHEAD_DEPTH
 I64 = _native.DType.int64
 SUM = _native.ReduceOp.sum
 _names = iter(range(1 << 30))
@@ -52,6 +53,20 @@ def _member(conn, rank, size, behaviour):
             out = np.zeros(sum(lengths) // 8, np.int64)
             agreed = level.allgather(x, out, [sum(lengths[:r]) for r in range(size)], lengths, 9, 60.0, "allgather")
             conn.send((agreed, out.tolist()))
+        if behaviour == "run-ahead-receiver":  # arrives only once the root has run the whole ring ahead
+            assert conn.recv() == "go"
+            got = []
+            for _ in range(AHEAD + 4):
+                x = np.zeros(2, np.int64)
+                level.broadcast(x, 0, _native.HostCall(8, 60.0, "broadcast", run_ahead=True))
+                got.append(x.tolist())
+            conn.send(got)
+        if behaviour == "run-ahead-other-shape":
+            try:
+                level.broadcast(np.zeros(3, np.int64), 0, _native.HostCall(9, 60.0, "broadcast(3)", run_ahead=True))
+            except MismatchError as e:
+                conn.send(str(e))
+            conn.send((level.barrier(1, 60.0, "barrier()"), level.history, level.barrier(1, 60.0, "barrier()")))
         if behaviour == "direct-root-then-die":
             conn.send("calling")
             level.broadcast(np.full(DIRECT, 5, np.int64), 1, 8, 60.0, "broadcast")  # waits for its reader
@@ -189,5 +204,48 @@ def test_a_root_that_dies_before_its_buffer_is_read_is_named():
             level.broadcast(x, 1, 8, 60.0, "broadcast")
         assert caught.value.ranks == [1]
         assert level.broken
+    finally:
+        finish(children)
+
+
+def test_a_root_runs_a_whole_ring_of_small_broadcasts_ahead_of_a_receiver_that_has_not_come():
+    level, pipes, children = group(["run-ahead-receiver"])
+    try:
+        call = _native.HostCall(8, 5.0, "broadcast", run_ahead=True)
+        for i in range(AHEAD):  # (blocked here, the root would fail at the 5 s deadline: the receiver waits on "go")
+            assert level.broadcast(np.array([i, -i], np.int64), 0, call)
+        pipes[0].send("go")
+        for i in range(AHEAD, AHEAD + 4):  # these wait for the receiver to free the ring's entries
+            assert level.broadcast(np.array([i, -i], np.int64), 0, call)
+        assert pipes[0].recv() == [[i, -i] for i in range(AHEAD + 4)]
+    finally:
+        finish(children)
+
+
+def test_a_receiver_that_dies_while_the_root_runs_ahead_is_named_when_the_ring_is_full():
+    level, pipes, children = group(["die-before-arriving"])
+    try:
+        call = _native.HostCall(8, 60.0, "broadcast", run_ahead=True)
+        start = time.monotonic()
+        with pytest.raises(RankFailure, match="rank 1 .*ended during broadcast") as caught:
+            for i in range(AHEAD + 1):
+                level.broadcast(np.array([i, i], np.int64), 0, call)
+        assert caught.value.ranks == [1]
+        assert time.monotonic() - start < 10  # the deadline is 60 s
+    finally:
+        finish(children)
+
+
+def test_a_receiver_checks_the_root_s_call_on_receipt_and_the_root_learns_it_at_the_next_full_step():
+    level, pipes, children = group(["run-ahead-other-shape"])
+    try:
+        assert level.broadcast(np.array([4, 5], np.int64), 0, _native.HostCall(8, 60.0, "broadcast(2)",
+                                                                                  run_ahead=True))  # ran ahead
+        said = pipes[0].recv()
+        assert said.startswith("rank 1: ranks called ddl differently: ranks 1: broadcast(3); ranks 0: broadcast(2)")
+        assert level.barrier(1, 60.0, "barrier()") is False  # the histories differ: every rank sees it here
+        assert level.history == "broadcast(2)"
+        assert level.barrier(1, 60.0, "barrier()") is True  # and then goes on
+        assert pipes[0].recv() == (False, "broadcast(3) (raised here)", True)
     finally:
         finish(children)

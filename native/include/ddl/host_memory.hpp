@@ -14,6 +14,16 @@
 // deadline). After a failure the segment's counters are out of step: the group refuses every later call.
 // Each public call holds a mutex of this process's mapping: the callers need no lock of their own.
 //
+// Run-ahead broadcasts: a known broadcast of up to kRunAheadBytes (HostCall::run_ahead) does not wait for every
+// rank as MPI's does not. Every rank writes its own entry of a ring of kRunAheadDepth per rank (the root with the
+// data), the root returns at once, each receiver waits for the root's entry alone and checks its hash on receipt.
+// A rank that called differently from the one it waits for raises CallMismatch at once (a step that meets a
+// run-ahead entry, or a receiver that meets its root in another collective, is a mismatch seen by some ranks only:
+// no collective report is possible). The others learn it at their next full step: every rank folds the hash of
+// each run-ahead call it completed (or a marker for one that raised) into the hash that step publishes, so where
+// some ranks ran ahead and others raised, or ran ahead with other calls, every rank returns "mismatch" there, and
+// history() names what each had called since its previous full step.
+//
 // Single copy: where the kernel lets a rank read its peers' memory (process_vm_readv, as Open MPI's and MPICH's
 // CMA paths), broadcasts and allgathers from `single_copy_bytes` publish their buffer's address in the arrival
 // line and each reader copies straight from the writer's buffer into its own: one copy instead of two, and no
@@ -22,7 +32,9 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddl/reduce.hpp"
@@ -33,6 +45,12 @@ struct HostCall {
   int64_t hash = 0;         // the call's signature: equal on every rank that made the same call
   double timeout_s = 300.0; // fail after waiting this long on one rank
   std::string label = "collective";
+  bool run_ahead = false;   // a small broadcast may run ahead (a call every rank has made before)
+};
+
+// Ranks called differently, seen by this rank only (a run-ahead step): raised here, not reported collectively.
+struct CallMismatch : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 class HostMemory {
@@ -74,6 +92,11 @@ class HostMemory {
                       const std::vector<int64_t>& counts, DType t, ReduceOp op, double factor, HostCall& call);
   bool barrier(HostCall& call);
 
+  static constexpr size_t kRunAheadBytes = 4096;  // the largest broadcast that may run ahead
+  static constexpr uint64_t kRunAheadDepth = 16;  // how many steps a rank may run ahead of the slowest
+  // The run-ahead calls whose hashes the last full step checked, as error messages name them ("" if none).
+  const std::string& history() const { return history_; }
+
   // Single copy, switched on collectively: every rank publishes probe_address(), checks can_read(peer, its
   // address) for one peer, and only if all succeed does every rank call single_copy_from(bytes) (0: off).
   uintptr_t probe_address() const { return reinterpret_cast<uintptr_t>(&probe_); }
@@ -87,13 +110,23 @@ class HostMemory {
     int64_t hash;
     int64_t value;
     uint64_t address;  // single copy: where the publisher's data of this step is, in its own address space
+    char label[96];    // the call, as a peer that meets it in a mismatch names it
   };
+  static_assert(sizeof(Line) == 128, "a line is one pair of cache lines");
   bool single_copy(size_t nbytes) const { return single_copy_ != 0 && nbytes >= single_copy_; }
   void read_from(int r, void* dst, uint64_t address, size_t nbytes, HostCall& call);
   void wait_readers(uint64_t s, HostCall& call);  // every other rank closed step s: our buffer is ours again
   Line& arrival(int r, uint64_t s) const { return arrive_[2 * r + (s & 1)]; }
   char* slot(int r, uint64_t s) const { return slots_ + (2 * static_cast<size_t>(r) + (s & 1)) * slot_; }
 
+  bool run_ahead_broadcast(void* buf, size_t nbytes, int root, HostCall& call);
+  Line& entry(int r, uint64_t s) const {  // rank r's run-ahead entry of step s, its data right after it
+    return *reinterpret_cast<Line*>(ahead_ + (static_cast<size_t>(r) * kRunAheadDepth + s % kRunAheadDepth) *
+                                                 (sizeof(Line) + kRunAheadBytes));
+  }
+  char* entry_data(int r, uint64_t s) const { return reinterpret_cast<char*>(&entry(r, s) + 1); }
+  void fold(const HostCall& call, bool raised);  // into the hash the next full step publishes
+  [[noreturn]] void mismatch(uint64_t s, int r, const Line& theirs, const HostCall& call, const char* how);
   bool gather_steps(const char* in, char* out, const std::vector<int64_t>& offsets,
                     const std::vector<int64_t>& lengths, HostCall& call);
   uint64_t open_step(HostCall& call);                    // waits until this rank's slot of the parity is free
@@ -103,7 +136,12 @@ class HostMemory {
   void copy_part(int r, uint64_t s, const char* mine, char* to, size_t nbytes, HostCall& call);
   void publish(std::atomic<uint64_t>& line, uint64_t s) { line.store(s, std::memory_order_release); }
   void close_step(uint64_t s) { publish(done_[rank_].seq, s); }
-  void wait_for(int r, const std::atomic<uint64_t>& line, uint64_t s, const char* what, HostCall& call);
+  void wait_for(int r, const std::atomic<uint64_t>& line, uint64_t s, const char* what, HostCall& call) {
+    wait_either(r, line, nullptr, s, what, call);
+  }
+  // Until `line` or `other` (if given) reaches s: false if `line` did, true if `other` did.
+  bool wait_either(int r, const std::atomic<uint64_t>& line, const std::atomic<uint64_t>* other, uint64_t s,
+                   const char* what, HostCall& call);
   void check_usable() const;
   [[noreturn]] void fail(const std::string& what, int peer, bool died);
 
@@ -115,11 +153,15 @@ class HostMemory {
   Line* arrive_ = nullptr;   // [size][2]
   Line* reduced_ = nullptr;  // [size]: the slice of step `seq` is reduced in place, in this rank's slot
   Line* done_ = nullptr;     // [size]: finished reading everything of step `seq`
+  char* ahead_ = nullptr;    // [size][kRunAheadDepth] run-ahead entries, each a Line and kRunAheadBytes
   char* slots_ = nullptr;    // [size][2][slot_]
   uint64_t step_ = 0;
   int spins_ = 1;
   size_t single_copy_ = 0;
   uint64_t probe_ = 0;  // what can_read expects at a peer's probe_address(): the magic plus the peer's rank
+  uint64_t chain_ = 0;  // the hashes of the run-ahead calls since the last full step, folded (0: none)
+  std::vector<std::pair<std::string, uint64_t>> behind_;  // their labels, runs of one counted, the last three
+  std::string history_;
   std::string broken_;
   std::mutex calls_;  // one call at a time per process: threads of one rank may call without Python's lock
 };
