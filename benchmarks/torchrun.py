@@ -125,6 +125,8 @@ def main(argv=None) -> int:
     ap.add_argument("--netmod", default="ucx", choices=("ucx", "ofi"),
                     help="MPICH's module for TCP between the emulated nodes, the same for both launchers")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--host-rounds", type=int, default=9,
+                    help="rounds on this host (a round takes seconds; microsecond calls need many to settle)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(HERE / "results"))
     args = ap.parse_args(argv)
@@ -135,14 +137,15 @@ def main(argv=None) -> int:
         print(f"{name}: {args.rounds} rounds of torchrun and mpiexec", file=sys.stderr, flush=True)
         results[name] = on_cluster(name, args.sizes, args.rounds, args.repeats, args.netmod)
         lines += cluster_table(name, results[name], checks)
-    print(f"this host: {args.rounds} rounds of torchrun and mpiexec", file=sys.stderr, flush=True)
-    results["host"] = on_this_host(args.host_ranks, args.host_sizes, args.rounds, args.repeats)
+    print(f"this host: {args.host_rounds} rounds of torchrun and mpiexec", file=sys.stderr, flush=True)
+    results["host"] = on_this_host(args.host_ranks, args.host_sizes, args.host_rounds, args.repeats)
     lines += host_table(results["host"], checks)
     command = "python benchmarks/torchrun.py " + " ".join(argv if argv is not None else sys.argv[1:])
     head = ["# ddl launched by torchrun against the same job under mpiexec (issue 32)", "",
             f"`{command.strip()}`, MPICH {mpich_version()} (both launchers; between nodes TCP through its "
             f"{args.netmod} module), float32 sum, out of place; "
-            f"{args.rounds} rounds x {args.repeats} repeats, alternating which launcher goes first; medians. On the "
+            f"{args.rounds} rounds x {args.repeats} repeats on the clusters, {args.host_rounds} rounds on this host, "
+            "alternating which launcher goes first; medians. On the "
             "clusters neither is told the topology (ddl probes for the switches). busbw = algbw x 2(n-1)/n "
             "(nccl-tests); bound = the topology's lower bound (ddl.planner.lower_bound); efficiency = bound / time. "
             "Every result was verified.", "", "## Targets", "", "| target | met | measured |", "|---|---|---:|"]
