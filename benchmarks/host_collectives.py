@@ -4,7 +4,8 @@ on the emulated clusters (as root), where the collectives follow their plans per
     python benchmarks/host_collectives.py --ranks 2 4 8 --repeats 10 --out benchmarks/results/host-collectives.md
     python benchmarks/host_collectives.py --topologies T1,T2 --repeats 5 --out benchmarks/results/cluster-collectives.md
 
-For each rank count, collective (allreduce, broadcast, allgather, reduce_scatter; float32, sum) and size,
+For each rank count, collective (allreduce, broadcast, allgather, reduce_scatter; float32, sum) and size (8 B to
+64 MiB on one host, to 16 MiB on the clusters),
 every repeat measures ddl and then MPI (ddl-bench's measure: results checked, nccl-tests' sizes and busbw);
 the table gives the median over repeats of ddl's time over MPI's (below 1: ddl is faster), out of place and
 in place, and ddl's in-place busbw. ddl writes into preallocated outputs (``out=``), as MPI does.
@@ -17,10 +18,11 @@ import sys
 import numpy as np
 
 COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter")
-SIZES = (8, 1 << 10, 64 << 10, 1 << 20, 16 << 20)
+SIZES = (8, 1 << 10, 64 << 10, 1 << 20, 16 << 20)  # on the emulated clusters (64 MiB there: seconds per call)
+ONE_HOST_SIZES = SIZES + (64 << 20,)
 
 
-def worker(repeats: int) -> dict:
+def worker(repeats: int, sizes: tuple[int, ...] = SIZES) -> dict:
     import ddl
     from mpi4py import MPI
 
@@ -28,10 +30,10 @@ def worker(repeats: int) -> dict:
 
     comm = MPI.COMM_WORLD
     ddl.init(comm)
-    out = {"host_level": ddl.communicator().host_level}
+    out = {"host_level": ddl.communicator().host_level, "sizes": list(sizes)}
     for collective in COLLECTIVES:
         runners = {a: Runner(a, comm, collective) for a in ("ddl", "mpi")}
-        for nbytes in SIZES:
+        for nbytes in sizes:
             samples = {(a, k): [] for a in runners for k in ("out", "in")}
             busbw = []
             iters = max(2, min(2000, (1 << 24) // nbytes))
@@ -51,14 +53,15 @@ def worker(repeats: int) -> dict:
 def table(results: dict, n: int, where: str | None = None) -> str:
     from ddl.units import format_size
 
+    sizes = results.get("sizes", SIZES)
     title = where or f"{n} ranks on one host (host level {'on' if results['host_level'] else 'OFF'})"
     lines = [f"### {title}", "",
-             "| collective | " + " | ".join(format_size(s) for s in SIZES) + " |",
-             "|---|" + "---:|" * len(SIZES)]
+             "| collective | " + " | ".join(format_size(s) for s in sizes) + " |",
+             "|---|" + "---:|" * len(sizes)]
     worst = 0.0
     for c in COLLECTIVES:
         cells = []
-        for s in SIZES:
+        for s in sizes:
             r = results[f"{c} {s}"]
             o, i = r["ddl_out"] / r["mpi_out"], r["ddl_in"] / r["mpi_in"]
             worst = max(worst, o, i)
@@ -66,11 +69,11 @@ def table(results: dict, n: int, where: str | None = None) -> str:
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     lines += ["", "ddl's time / MPI's time (out of place / in place; below 1: ddl faster). ddl's absolute times "
               "(us, in place) and busbw (GB/s):", "",
-              "| collective | " + " | ".join(format_size(s) for s in SIZES) + " |",
-              "|---|" + "---:|" * len(SIZES)]
+              "| collective | " + " | ".join(format_size(s) for s in sizes) + " |",
+              "|---|" + "---:|" * len(sizes)]
     for c in COLLECTIVES:
         lines.append(f"| {c} | " + " | ".join(
-            f"{results[f'{c} {s}']['ddl_in']:.1f} us, {results[f'{c} {s}']['busbw']:.2f}" for s in SIZES) + " |")
+            f"{results[f'{c} {s}']['ddl_in']:.1f} us, {results[f'{c} {s}']['busbw']:.2f}" for s in sizes) + " |")
     lines += ["", f"Worst ratio at {n} ranks: {worst:.2f}x MPI's time (target <= 1.0x)."]
     if "bound" in results:
         broadcast = results["broadcast_bound"] / (results[f"broadcast {SIZES[-1]}"]["ddl_in"] * 1e-6)
@@ -109,11 +112,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", help="also write the tables (markdown) to this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help=argparse.SUPPRESS)  # the worker's
     args = ap.parse_args()
     if args.worker:
         from ddl.tools.measure import answer_as_worker
 
-        return answer_as_worker(worker, args.repeats)
+        return answer_as_worker(lambda repeats: worker(repeats, tuple(args.sizes)), args.repeats)
     from ddl.runner import mpirun
 
     parts = []
@@ -123,7 +127,8 @@ def main() -> int:
         print(parts[-1], flush=True)
     for n in args.ranks if not args.topologies else ():
         results = mpirun.worker_json(n, [sys.executable, os.path.abspath(__file__), "--worker",
-                                         "--repeats", str(args.repeats)], timeout=3000)
+                                         "--repeats", str(args.repeats),
+                                         "--sizes", *map(str, ONE_HOST_SIZES)], timeout=3000)
         if results is None:
             return 1
         parts.append(table(results, n))
