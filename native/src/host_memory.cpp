@@ -249,7 +249,7 @@ uint64_t mix(uint64_t h, uint64_t x) {  // splitmix64's finaliser over the runni
   return h ^ (h >> 31);
 }
 
-void put_label(char (&to)[96], const std::string& label) {
+void put_label(char (&to)[88], const std::string& label) {
   const size_t n = std::min(label.size(), sizeof to - 1);
   std::memcpy(to, label.data(), n);
   to[n] = '\0';
@@ -281,20 +281,33 @@ void HostMemory::mismatch(uint64_t s, int r, const Line& theirs, const HostCall&
                      how + "; the other ranks raise at their next collective that waits for every rank)");
 }
 
-bool HostMemory::arrive(uint64_t s, int64_t value, HostCall& call) {
+bool HostMemory::arrive(uint64_t s, int64_t value, HostCall& call, bool* ahead) {
   Line& mine = arrival(rank_, s);
   const int64_t hash = chain_ ? static_cast<int64_t>(mix(chain_, static_cast<uint64_t>(call.hash))) : call.hash;
   mine.hash = hash;
   mine.value = value;
+  mine.call = call.hash;
   put_label(mine.label, call.label);
   publish(mine.seq, s);
-  bool same = true;
+  bool same = true, ran_ahead = false;
+  int other = -1;  // a rank whose own call differs from ours
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     const Line& theirs = arrival(r, s);
-    if (wait_either(r, theirs.seq, &entry(r, s).seq, s, "arrival", call))
-      mismatch(s, r, entry(r, s), call, "a broadcast ran ahead where this rank made another call");
+    if (wait_either(r, theirs.seq, &entry(r, s).seq, s, "arrival", call)) {
+      if (!ahead || entry(r, s).hash != call.hash)
+        mismatch(s, r, entry(r, s), call, "a broadcast ran ahead where this rank made another call");
+      ran_ahead = true;
+      continue;
+    }
     same &= theirs.hash == hash;
+    if (theirs.call != call.hash && other < 0) other = r;
+  }
+  if (ran_ahead) {  // a run-ahead step for every rank: our own calls compared, the history checked later
+    if (other >= 0) mismatch(s, other, arrival(other, s), call, "another rank ran this step ahead");
+    *ahead = true;
+    fold(call, false);
+    return true;
   }
   // Every rank saw every hash: the run-ahead history is checked (and, on a mismatch, reported) by all alike.
   history_.clear();
@@ -372,8 +385,10 @@ bool HostMemory::broadcast(void* buf, size_t nbytes, int root, HostCall& call) {
     const size_t c = std::min(slot_, nbytes - off);
     const uint64_t s = open_step(call);
     if (rank_ == root) std::memcpy(slot(root, s), data + off, c);
-    if (!arrive(s, 0, call)) return false;
-    if (rank_ != root) std::memcpy(data + off, slot(root, s), c);
+    bool ahead = false;  // (peers may run this call ahead where it fits an entry)
+    if (!arrive(s, 0, call, nbytes <= kRunAheadBytes ? &ahead : nullptr)) return false;
+    const bool from_entry = ahead && entry(root, s).seq.load(std::memory_order_acquire) >= s;  // the root ran ahead
+    if (rank_ != root) std::memcpy(data + off, from_entry ? entry_data(root, s) : slot(root, s), c);
     close_step(s);
     if (nbytes == 0) break;
   }
@@ -398,8 +413,14 @@ bool HostMemory::run_ahead_broadcast(void* buf, size_t nbytes, int root, HostCal
     return true;
   }
   const Line& theirs = entry(root, s);
-  if (wait_either(root, theirs.seq, &arrival(root, s).seq, s, "run-ahead broadcast", call))
-    mismatch(s, root, arrival(root, s), call, "the root made another call");
+  if (wait_either(root, theirs.seq, &arrival(root, s).seq, s, "run-ahead broadcast", call)) {
+    // the root took the full path: the same call leaves its data in its slot (written before it arrived)
+    if (arrival(root, s).call != call.hash) mismatch(s, root, arrival(root, s), call, "the root made another call");
+    std::memcpy(buf, slot(root, s), nbytes);
+    close_step(s);
+    fold(call, false);
+    return true;
+  }
   if (theirs.hash != call.hash) mismatch(s, root, theirs, call, "the rank this one took for its root called otherwise");
   std::memcpy(buf, entry_data(root, s), nbytes);
   close_step(s);

@@ -241,6 +241,24 @@ def test_known_small_broadcasts_from_every_root_arrive_intact_while_roots_run_ah
             np.testing.assert_array_equal(out, (base * 3 + 1000 * root + i) * 2)
 
 
+def test_ranks_on_the_full_path_meet_peers_that_run_the_same_broadcast_ahead():
+    """A strided array takes Python's path (a full step) where the others' plain arrays run ahead: the same call
+    all the same, so every rank gets root's data, and nothing is raised then or at the next full step."""
+    n = 6
+    for root in range(SIZE):
+        x = np.zeros(n)
+        ddl.broadcast(x, root, out=x)  # known on every rank
+        for i in range(40):
+            want = np.arange(n) + 100 * root + i
+            strided = (RANK == root and i % 2 == 1) or (RANK == (root + 1) % SIZE and i % 3 == 0)
+            y = np.zeros(2 * n)[::2] if strided else np.zeros(n)
+            y[...] = want if RANK == root else -1
+            ddl.broadcast(y, root, out=y)
+            np.testing.assert_array_equal(y, want)
+    ddl.barrier()  # the histories agree: no mismatch surfaces
+    np.testing.assert_array_equal(ddl.allreduce(values(RANK, 3)), total(3))
+
+
 def raised_by_the_next_full_step(call) -> list:
     """The errors of ``call`` and of the barrier after it, on this rank."""
     errors = []

@@ -19,7 +19,9 @@
 // data), the root returns at once, each receiver waits for the root's entry alone and checks its hash on receipt.
 // A rank that called differently from the one it waits for raises CallMismatch at once (a step that meets a
 // run-ahead entry, or a receiver that meets its root in another collective, is a mismatch seen by some ranks only:
-// no collective report is possible). The others learn it at their next full step: every rank folds the hash of
+// no collective report is possible). A rank that makes the same broadcast by the full path (an array only Python
+// takes, a first call another rank has made before) meets its run-ahead peers: the step counts as run ahead for
+// all, the data is read from the root's entry or slot, whichever it wrote. The others learn it at their next full step: every rank folds the hash of
 // each run-ahead call it completed (or a marker for one that raised) into the hash that step publishes, so where
 // some ranks ran ahead and others raised, or ran ahead with other calls, every rank returns "mismatch" there, and
 // history() names what each had called since its previous full step.
@@ -110,7 +112,8 @@ class HostMemory {
     int64_t hash;
     int64_t value;
     uint64_t address;  // single copy: where the publisher's data of this step is, in its own address space
-    char label[96];    // the call, as a peer that meets it in a mismatch names it
+    int64_t call;      // the call's own hash (`hash` folds in the run-ahead history): what run-ahead peers check
+    char label[88];    // the call, as a peer that meets it in a mismatch names it
   };
   static_assert(sizeof(Line) == 128, "a line is one pair of cache lines");
   bool single_copy(size_t nbytes) const { return single_copy_ != 0 && nbytes >= single_copy_; }
@@ -130,7 +133,9 @@ class HostMemory {
   bool gather_steps(const char* in, char* out, const std::vector<int64_t>& offsets,
                     const std::vector<int64_t>& lengths, HostCall& call);
   uint64_t open_step(HostCall& call);                    // waits until this rank's slot of the parity is free
-  bool arrive(uint64_t s, int64_t value, HostCall& call);  // publishes, waits for all; false: hashes differ
+  // Publishes, waits for all; false: hashes differ. With `ahead` (a small broadcast), peers that ran ahead with the
+  // same call count as arrived and *ahead says whether any did (the step is then a run-ahead one for all).
+  bool arrive(uint64_t s, int64_t value, HostCall& call, bool* ahead = nullptr);
   bool arrive_with(uint64_t s, int64_t value, const void* data, HostCall& call);  // and data's address
   // rank r's part of step s (its published address; our own: `mine`) into `to`
   void copy_part(int r, uint64_t s, const char* mine, char* to, size_t nbytes, HostCall& call);
