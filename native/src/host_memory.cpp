@@ -262,13 +262,12 @@ void HostMemory::fold(const HostCall& call, bool raised) {
   // agree; where some ranks ran ahead successfully, theirs hold the call and differ from the raisers'.
   constexpr uint64_t kRaised = 0x7261697365642121ull;
   chain_ = mix(chain_ ? chain_ : 1, raised ? kRaised : static_cast<uint64_t>(call.hash));
-  std::string label = raised ? call.label + " (raised here)" : call.label;
-  if (!behind_.empty() && behind_.back().first == label) {
-    ++behind_.back().second;
+  if (!behind_.empty() && behind_.back().raised == raised && behind_.back().label == call.label) {
+    ++behind_.back().times;
     return;
   }
   if (behind_.size() == 3) behind_.erase(behind_.begin());  // the last three kinds of call: where ranks differ
-  behind_.emplace_back(std::move(label), 1);
+  behind_.push_back({call.label, raised, 1});
 }
 
 void HostMemory::mismatch(uint64_t s, int r, const Line& theirs, const HostCall& call, const char* how) {
@@ -311,8 +310,9 @@ bool HostMemory::arrive(uint64_t s, int64_t value, HostCall& call, bool* ahead) 
   }
   // Every rank saw every hash: the run-ahead history is checked (and, on a mismatch, reported) by all alike.
   history_.clear();
-  for (const auto& [label, times] : behind_)
-    history_ += (history_.empty() ? "" : ", ") + label + (times > 1 ? " x" + std::to_string(times) : "");
+  for (const auto& [label, raised, times] : behind_)
+    history_ += (history_.empty() ? "" : ", ") + label + (raised ? " (raised here)" : "") +
+                (times > 1 ? " x" + std::to_string(times) : "");
   chain_ = 0, behind_.clear();
   if (!same) close_step(s);
   return same;
@@ -403,26 +403,21 @@ bool HostMemory::run_ahead_broadcast(void* buf, size_t nbytes, int root, HostCal
       if (r != rank_) wait_for(r, done_[r].seq, s - kRunAheadDepth, "release of a run-ahead entry", call);
   Line& mine = entry(rank_, s);
   mine.hash = call.hash;
-  mine.value = static_cast<int64_t>(nbytes);
   put_label(mine.label, call.label);
   if (rank_ == root) std::memcpy(entry_data(rank_, s), buf, nbytes);
   publish(mine.seq, s);  // (receivers publish theirs too: a rank that thinks it is the root checks them)
-  if (rank_ == root) {
-    close_step(s);
-    fold(call, false);
-    return true;
+  if (rank_ != root) {
+    const Line& theirs = entry(root, s);
+    const char* from = entry_data(root, s);
+    if (wait_either(root, theirs.seq, &arrival(root, s).seq, s, "run-ahead broadcast", call)) {
+      // the root took the full path: the same call leaves its data in its slot (written before it arrived)
+      if (arrival(root, s).call != call.hash) mismatch(s, root, arrival(root, s), call, "the root made another call");
+      from = slot(root, s);
+    } else if (theirs.hash != call.hash) {
+      mismatch(s, root, theirs, call, "the rank this one took for its root called otherwise");
+    }
+    std::memcpy(buf, from, nbytes);
   }
-  const Line& theirs = entry(root, s);
-  if (wait_either(root, theirs.seq, &arrival(root, s).seq, s, "run-ahead broadcast", call)) {
-    // the root took the full path: the same call leaves its data in its slot (written before it arrived)
-    if (arrival(root, s).call != call.hash) mismatch(s, root, arrival(root, s), call, "the root made another call");
-    std::memcpy(buf, slot(root, s), nbytes);
-    close_step(s);
-    fold(call, false);
-    return true;
-  }
-  if (theirs.hash != call.hash) mismatch(s, root, theirs, call, "the rank this one took for its root called otherwise");
-  std::memcpy(buf, entry_data(root, s), nbytes);
   close_step(s);
   fold(call, false);
   return true;

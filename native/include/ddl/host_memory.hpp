@@ -19,12 +19,12 @@
 // data), the root returns at once, each receiver waits for the root's entry alone and checks its hash on receipt.
 // A rank that called differently from the one it waits for raises CallMismatch at once (a step that meets a
 // run-ahead entry, or a receiver that meets its root in another collective, is a mismatch seen by some ranks only:
-// no collective report is possible). A rank that makes the same broadcast by the full path (an array only Python
-// takes, a first call another rank has made before) meets its run-ahead peers: the step counts as run ahead for
-// all, the data is read from the root's entry or slot, whichever it wrote. The others learn it at their next full step: every rank folds the hash of
+// no collective report is possible). The others learn it at their next full step: every rank folds the hash of
 // each run-ahead call it completed (or a marker for one that raised) into the hash that step publishes, so where
 // some ranks ran ahead and others raised, or ran ahead with other calls, every rank returns "mismatch" there, and
-// history() names what each had called since its previous full step.
+// history() names what each had called since its previous full step. A rank that makes the same broadcast by the
+// full path (an array only Python takes, a first call another rank has made before) meets its run-ahead peers:
+// the step counts as run ahead for all, the data is read from the root's entry or slot, whichever it wrote.
 //
 // Single copy: where the kernel lets a rank read its peers' memory (process_vm_readv, as Open MPI's and MPICH's
 // CMA paths), broadcasts and allgathers from `single_copy_bytes` publish their buffer's address in the arrival
@@ -36,7 +36,6 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "ddl/reduce.hpp"
@@ -165,7 +164,12 @@ class HostMemory {
   size_t single_copy_ = 0;
   uint64_t probe_ = 0;  // what can_read expects at a peer's probe_address(): the magic plus the peer's rank
   uint64_t chain_ = 0;  // the hashes of the run-ahead calls since the last full step, folded (0: none)
-  std::vector<std::pair<std::string, uint64_t>> behind_;  // their labels, runs of one counted, the last three
+  struct Behind {  // a run of one run-ahead call: its label, whether this rank raised on it, how many times
+    std::string label;
+    bool raised;
+    uint64_t times;
+  };
+  std::vector<Behind> behind_;  // the last three runs
   std::string history_;
   std::string broken_;
   std::mutex calls_;  // one call at a time per process: threads of one rank may call without Python's lock
