@@ -229,10 +229,10 @@ def barrier() -> None:
     communicator().barrier()
 
 
-def explain(nbytes: int):
+def explain(nbytes: int, collective: str = "allreduce"):
     """What an allreduce of ``nbytes`` bytes would do: levels, groups, algorithms, bytes per link, predicted
     time against the topology's lower bound. ``print(ddl.explain(64 << 20))``; ``.to_dict()`` for JSON."""
-    return communicator().explain(nbytes)
+    return communicator().explain(nbytes, collective)
 
 
 def __getattr__(name: str):

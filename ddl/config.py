@@ -70,6 +70,9 @@ SETTINGS = {
         Setting("DDL_SHM", "auto", "the host memory level: auto (a communicator whose ranks share one host runs its "
                 "collectives through a shared-memory segment; large broadcasts and allgathers read peers' buffers directly "
                 "where the kernel allows), slots (the segment only) or 0 (MPI messages only)"),
+        Setting("DDL_PATH", "", "force one path of every collective's road (tests and benchmarks): device, alone, "
+                "host memory, riding or planned; a call that path cannot take follows the usual order "
+                "(ddl.explain names the path each call takes)"),
         Setting("DDL_SMALL_BYTES", "65536", "largest payload carried in the agreement round itself (latency path)"),
     )
 }

@@ -63,6 +63,7 @@ class Options:
     probe: str = "auto"             # auto, 0, 1, force (ddl.topology.probe)
     timeline: str | None = None     # Chrome-trace file written at ddl.finalize() (ddl.core.timeline)
     shm: str = "auto"               # the host memory level: auto, slots or 0 (ddl.core.host)
+    path: str | None = None         # the path forced on every collective's road (ddl.core.road), None: none
     extra: dict = field(default_factory=dict)
 
 
@@ -127,6 +128,18 @@ def shm_mode(text: str, where: str = "-shm") -> str:
     return "auto" if value == "1" else value
 
 
+PATHS = ("device", "alone", "host memory", "riding", "planned")  # ddl.core.paths, in their table's order
+
+
+def path_name(text: str, where: str = "-path") -> str | None:
+    value = " ".join(text.strip().lower().replace("_", " ").split())
+    if not value:
+        return None
+    if value not in PATHS:
+        raise DDLError(f"{where} {text!r}: expected one of {', '.join(PATHS)}")
+    return value
+
+
 def _from_environment(environ) -> Options:
     seg = config.get("DDL_SEGMENT_BYTES", environ)
     inflight = config.get("DDL_INFLIGHT", environ)
@@ -141,6 +154,7 @@ def _from_environment(environ) -> Options:
         probe=probe_mode(config.get("DDL_PROBE", environ), "DDL_PROBE="),
         timeline=config.get("DDL_TIMELINE", environ) or None,
         shm=shm_mode(config.get("DDL_SHM", environ), "DDL_SHM="),
+        path=path_name(config.get("DDL_PATH", environ), "DDL_PATH="),
     )
 
 
@@ -187,6 +201,7 @@ OPTIONS = {
     "probe": Option("probe", probe_mode, "", "DDL_PROBE", "|".join(PROBE_VALUES)),
     "timeline": Option("timeline", str, "", "DDL_TIMELINE", "FILE"),
     "shm": Option("shm", shm_mode, "", "DDL_SHM", "|".join(SHM_VALUES)),
+    "path": Option("path", path_name, "", "DDL_PATH", "|".join(p.replace(" ", "_") for p in PATHS)),
 }
 
 

@@ -1,8 +1,9 @@
-"""The seam between the host collectives and the GPU path.
+"""The seam between the road (ddl.core.road) and the GPU path.
 
-The communicator recognises a device array here (without importing any framework or ddl.gpu) and hands it to
-the device collectives registered here. ddl.gpu registers itself when imported (``import ddl`` does that), so
-the dependency points one way: ddl.gpu uses the communicator's public methods, core never imports ddl.gpu.
+The communicator's calls recognise a device array here (without importing any framework or ddl.gpu), describe
+it through the view registered here, and its table takes the device path registered here, first. ddl.gpu
+registers both when imported (``import ddl`` does that), so the dependency points one way: ddl.gpu uses the
+communicator's public methods, core never imports ddl.gpu.
 """
 from __future__ import annotations
 
@@ -34,15 +35,44 @@ def is_device_array(x) -> bool:
         return False
 
 
-def register(factory: Callable) -> None:
-    """``factory(communicator)`` makes the object that runs a communicator's collectives on device arrays:
-    ``allreduce(array, op, out)``, ``allreduce_n(arrays, op)``, ``broadcast(array, root)``, ``allgather(array)``,
-    ``close()``."""
-    global _factory
-    _factory = factory
+def register(factory: Callable, viewer: Callable) -> None:
+    """``factory(communicator)`` makes the device path of a communicator's table (ddl.core.road: ``name``,
+    ``serves``, ``takes``, ``run``; ``allreduce_n(arrays, op)`` and ``close()``); ``viewer(array, what)`` is how
+    calls see a device array (ddl.gpu.arrays.view)."""
+    global _factory, _viewer
+    _factory, _viewer = factory, viewer
 
 
-def collectives_for(comm):
-    if _factory is None:
-        raise DDLError(f"rank {comm.rank}: GPU arrays need ddl.gpu (import ddl registers it)")
-    return _factory(comm)
+_viewer: Callable | None = None
+
+
+def view(x, what: str):
+    if _viewer is None:
+        raise DDLError("GPU arrays need ddl.gpu (import ddl registers it)")
+    return _viewer(x, what)
+
+
+class Unavailable:
+    """The device path's place where ddl.gpu was not imported: a GPU array's call fails there, with why."""
+    name = "device"
+    serves = frozenset(("allreduce", "broadcast", "allgather"))
+    first = True
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def takes(self, call) -> str | None:
+        return "a GPU array" if call.device else None
+
+    def run(self, call):
+        raise DDLError(f"rank {self.comm.rank}: GPU arrays need ddl.gpu (import ddl registers it)")
+
+    def allreduce_n(self, arrays: list, op: str):
+        raise DDLError(f"rank {self.comm.rank}: GPU arrays need ddl.gpu (import ddl registers it)")
+
+    def close(self) -> None:
+        pass
+
+
+def path_for(comm):
+    return (_factory or Unavailable)(comm)

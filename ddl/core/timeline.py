@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import collections
 import json
+import socket
+import sys
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .. import _native
+from ..errors import DDLError
 
 PHASE_ORDER = {"agreement": -1, "agreement + data": -1, "reduce-scatter": 0, "allreduce": 1,
                "recursive doubling": 1, "allgather": 2}
@@ -171,3 +176,26 @@ def chrome_trace(parts: list[dict]) -> dict:
 def write(path: str, parts: list[dict]) -> None:
     with open(path, "w") as f:
         json.dump(chrome_trace(parts), f, separators=(",", ":"))
+
+
+def write_gathered(comm, recorder: Recorder, path: str, origin: int, broken: bool) -> None:
+    """DDL_TIMELINE at the end of a communicator: every rank's calls gathered to rank 0, which writes one Chrome
+    trace. After a failure (or if the gathering fails) each rank writes its own part to <file>.rank<r> instead."""
+    recorder.stop()  # the gathering is not part of the trace
+    host = comm.hosts[comm.rank] if comm.hosts else socket.gethostname()
+    part = rank_part(comm.rank, host, origin, [lv.name for lv in comm.levels], recorder.calls)
+    if not broken:
+        data = np.frombuffer(json.dumps(part).encode(), np.uint8)
+        try:
+            sizes = comm.allgather(np.array([data.size], np.int64))
+            everything = comm.allgather(data)
+        except DDLError as e:
+            print(f"[ddl] rank {comm.rank}: timeline not gathered ({e})", file=sys.stderr)
+        else:
+            if comm.rank == 0:
+                cuts = np.cumsum(sizes)[:-1]
+                write(path, [json.loads(bytes(b)) for b in np.split(everything, cuts)])
+            return
+    own = f"{path}.rank{comm.rank}"
+    write(own, [part])
+    print(f"[ddl] rank {comm.rank}: timeline of this rank written to {own}", file=sys.stderr)

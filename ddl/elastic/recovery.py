@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from .. import config
-from ..core.communicator import ranks_in
+from ..core.failures import ranks_in
 from ..errors import DDLError
 
 

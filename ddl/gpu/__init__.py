@@ -10,7 +10,7 @@ from .groups import cross_tree, nccl_groups, shard
 from .libraries import load_driver, load_nccl, nccl_candidates
 from .path import DevicePath
 
-_devices.register(DeviceCollectives)
+_devices.register(DeviceCollectives, view)
 
 __all__ = ["CudaArray", "DeviceArray", "DeviceCollectives", "DevicePath", "cross_tree", "host_dtype",
            "is_device_array", "load_driver", "load_nccl", "nccl_candidates", "nccl_groups", "shard", "view"]

@@ -1,9 +1,10 @@
-"""A communicator's collectives on GPU arrays, built on its public seam (``lock``, ``agree``, ``allreduce_plan``,
-``execute``, ``mpi_comm``): allreduce through the device path (NCCL inside a node, staged MPI levels above),
-broadcast and allgather staged whole through host memory. Registered with ddl.core.devices by ddl.gpu."""
+"""The device path of a communicator's table (ddl.core.road), built on its public seam (``lock``, ``agree``,
+``allreduce_plan``, ``execute``, ``mpi_comm``): GPU arrays' calls, described, checked and agreed like any other
+(ddl.core.calls), run here — allreduce through the device path (NCCL inside a node, staged MPI levels above),
+broadcast and allgather staged whole through host memory (their host collectives take the road again).
+Registered with ddl.core.devices by ddl.gpu; first in every table that provides its collectives."""
 from __future__ import annotations
 
-from ..core.dtypes import native_dtype_name, native_op_name
 from ..core.packing import pack_groups
 from ..errors import DDLError, DeviceError
 from .arrays import host_dtype, is_device_array, view
@@ -13,6 +14,9 @@ from .path import DevicePath
 
 class DeviceCollectives:
     """One communicator's GPU machinery: a DevicePath per device, made on its first collective."""
+    name = "device"
+    serves = frozenset(("allreduce", "broadcast", "allgather"))
+    first = True  # (no other path can stand in for it, whatever DDL_PATH says)
 
     def __init__(self, comm):
         self.comm = comm
@@ -22,6 +26,10 @@ class DeviceCollectives:
         for path in self._paths.values():
             path.close()
         self._paths.clear()
+
+    def takes(self, call) -> str | None:
+        return "a GPU array: NCCL among the GPUs of a node, ddl's plan staged over MPI above" if call.device \
+            else None
 
     def _path(self, device: int) -> DevicePath:
         path = self._paths.get(device)
@@ -40,25 +48,22 @@ class DeviceCollectives:
             return str(e)
         return None
 
-    def allreduce(self, array, op: str, out):
-        problem, a, dst = self._libraries_problem(), None, None
-        try:
-            a = view(array, "allreduce input")
-            native_dtype_name(a.dtype), native_op_name(op, a.dtype)
-            if out is not None:
-                dst = view(out, "out") if is_device_array(out) else None
-                if dst is None or (dst.shape, dst.dtype, dst.device) != (a.shape, a.dtype, a.device):
-                    raise DDLError(f"out must be a GPU array of shape {a.shape}, dtype {a.dtype} on device "
-                                   f"{a.device}")
-        except DDLError as e:
-            problem = problem or str(e)
+    def run(self, call):
         # An unusable input still takes part in the agreement round (as its error), so every rank raises.
-        text = problem if a is None else f"allreduce(cuda, shape={a.shape}, dtype={a.dtype}, op={op})"
+        problem = self._libraries_problem() or call.problem
+        if call.collective == "allreduce":
+            return self._allreduce(call, problem)
+        host_collective = (lambda host: self.comm.broadcast(host, call.root)) if call.collective == "broadcast" \
+            else self.comm.allgather
+        return self._staged(call, problem, host_collective)
+
+    def _allreduce(self, call, problem):
+        a = call.array
         with self.comm.lock:
-            self.comm.agree(text, problem)
-            dst = dst or view(a.empty(), "result")
+            self.comm.agree(call.text, problem)
+            dst = view(call.out, "out") if call.out is not None else view(a.empty(), "result")
             if a.size:
-                self._path(a.device).allreduce(a, dst, op, text)
+                self._path(a.device).allreduce(a, dst, call.op, call.text)
         return dst.obj
 
     def allreduce_n(self, arrays: list, op: str) -> list:
@@ -67,31 +72,19 @@ class DeviceCollectives:
         if any(v is None for v in views):
             raise DDLError(f"rank {self.comm.rank}: allreduce_n got GPU and host arrays together; pass one kind")
         return pack_groups(views, [f"{v.dtype}@{v.device}" for v in views],
-                           lambda idx: self.allreduce(_concat([arrays[i] for i in idx], views[idx[0]].framework),
-                                                      op, None))
+                           lambda idx: self.comm.allreduce(_concat([arrays[i] for i in idx],
+                                                                   views[idx[0]].framework), op))
 
-    def broadcast(self, array, root: int):
-        return self._staged("broadcast", array, lambda host: self.comm.broadcast(host, root), f"root={root}")
-
-    def allgather(self, array):
-        return self._staged("allgather", array, self.comm.allgather, "")
-
-    def _staged(self, name: str, array, host_collective, extra: str):
+    def _staged(self, call, problem, host_collective):
         """Broadcast or allgather of a GPU array, staged whole through host memory."""
-        problem = self._libraries_problem()
-        try:
-            a = view(array, f"{name} input")
-        except DDLError as e:  # still takes part in the agreement round, as its error
-            a, problem = None, str(e)
-        shape = a and (a.shape if name == "broadcast" else f"(*, {', '.join(map(str, a.shape[1:]))})")  # rows vary
-        text = f"{name}(cuda, shape={shape}, dtype={a and a.dtype}{', ' + extra if extra else ''})"
+        a = call.array
         with self.comm.lock:
-            self.comm.agree(text, problem)
+            self.comm.agree(call.text, problem)
             path = self._path(a.device)
-            host = path.to_host(a, text).view(host_dtype(a.dtype)).reshape(a.shape)
+            host = path.to_host(a, call.text).view(host_dtype(a.dtype)).reshape(a.shape)
         result = host_collective(host)
         dst = view(a.empty(result.shape), "result")
-        path.to_device(result, dst, text)
+        path.to_device(result, dst, call.text)
         return dst.obj
 
 

@@ -23,6 +23,7 @@ class Explanation:
     runs_on: str = ""         # where the call really runs when not on this plan (the host memory level)
     transport: str = ""       # what carries the levels' messages, and how the ranks found each other
     agreement: str = ""       # the shape of the agreement round every collective starts with
+    path: str = ""            # the path of the communicator's road such a call takes, and why (ddl.core.road)
 
     @property
     def nranks(self) -> int:
@@ -46,7 +47,7 @@ class Explanation:
             "phases": [p.__dict__ for p in self.phases],
             "predicted_seconds": self.predicted, "lower_bound_seconds": self.bound,
             "lower_bound_reason": self.bound_reason, "efficiency": self.efficiency, "runs_on": self.runs_on,
-            "transport": self.transport, "agreement": self.agreement,
+            "transport": self.transport, "agreement": self.agreement, "path": self.path,
         }
 
     def text(self) -> str:
@@ -74,6 +75,8 @@ class Explanation:
         lines.append(f"lower bound {self.bound * 1e6:>12.1f} us   algbw {lb_alg:8.2f} GB/s   busbw {lb_bus:8.2f} GB/s"
                      f"   ({self.bound_reason})")
         lines.append(f"predicted efficiency {100 * self.efficiency:.1f} % of the lower bound")
+        if self.path:
+            lines.append(f"path: {self.path}")
         if self.runs_on:
             lines.append(self.runs_on)
         if self.transport:

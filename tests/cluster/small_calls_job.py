@@ -43,7 +43,7 @@ def main() -> int:
         raised = str(e)
     c.barrier()  # the communicator still works afterwards
     with open(f"{sys.argv[1]}.{rank}", "w") as f:
-        json.dump({"host": MPI.Get_processor_name(), "agreement": c._agreement.plan(0).algorithm,
+        json.dump({"host": MPI.Get_processor_name(), "agreement": c.agreement.plan(0).algorithm,
                    "wrong": wrong, "raised": raised}, f)
     return 0
 

@@ -260,13 +260,14 @@ def test_check_mode_agrees_with_mpi():
 @pytest.mark.mpi(min_size=2)
 def test_check_mode_catches_a_wrong_result_on_every_rank(monkeypatch):
     comm = Communicator.from_mpi(COMM, replace(ddl.communicator().options, check=1e-6, small_bytes=0))
-    real = comm._run_allreduce
+    planned = comm.road.named("planned")
+    real = planned.allreduce
 
     def corrupt(flat, *args):
         real(flat, *args)
         if RANK == 0:
             flat[3] += 1
-    monkeypatch.setattr(comm, "_run_allreduce", corrupt)
+    monkeypatch.setattr(planned, "allreduce", corrupt)
     try:
         with pytest.raises(DDLError, match="differs from MPI_Allreduce in 1 elements on rank 0"):
             comm.allreduce(np.ones(100, np.float32))

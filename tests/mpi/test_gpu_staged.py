@@ -146,7 +146,7 @@ def test_cuda_awareness_of_mpi_is_detected():
         assert answer == 0
     x = np.ones(1)
     ddl.allreduce(FakeDeviceArray(x), out=FakeDeviceArray(x))  # makes the device path if no test did yet
-    path = ddl.communicator()._device()._paths[0]
+    path = ddl.communicator().road.named("device")._paths[0]
     assert path.cuda_aware_mpi == {1: "yes", 0: "no", -1: "unknown"}[answer]
 
 

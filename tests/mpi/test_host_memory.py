@@ -38,7 +38,7 @@ def test_the_world_of_one_host_runs_on_host_memory_and_leaves_no_segment():
     comm = ddl.communicator()
     assert comm.host_level
     assert "host memory" in comm.explain(1 << 20).text()
-    assert not os.path.exists("/dev/shm" + comm._host.name)  # unlinked once every rank had mapped it
+    assert not os.path.exists("/dev/shm" + comm.host_memory.name)  # unlinked once every rank had mapped it
     off = Communicator.from_mpi(COMM, replace(comm.options, shm="0"))
     try:
         assert not off.host_level
@@ -71,7 +71,7 @@ def test_allreduce_of_many_steps_in_place_and_into_an_overlapping_out():
 def copying(request):
     """Broadcasts and allgathers read the writer's buffer directly (where this machine allows it: else skipped),
     or move through the segment's slots. Set alike on every rank."""
-    native = ddl.communicator()._host.native
+    native = ddl.communicator().host_memory.native
     before = native.single_copy_bytes
     if request.param == "direct" and not before:
         pytest.skip("this machine does not let ranks read each other's memory (single copy is off)")
@@ -82,10 +82,10 @@ def copying(request):
 
 def test_single_copy_is_on_where_the_ranks_can_read_each_other_and_off_with_slots():
     comm = ddl.communicator()
-    assert comm._host.native.single_copy_bytes in (0, host.SINGLE_COPY_BYTES)  # 0: this kernel refuses it
+    assert comm.host_memory.native.single_copy_bytes in (0, host.SINGLE_COPY_BYTES)  # 0: this kernel refuses it
     slots = Communicator.from_mpi(COMM, replace(comm.options, shm="slots"))
     try:
-        assert slots.host_level and slots._host.native.single_copy_bytes == 0
+        assert slots.host_level and slots.host_memory.native.single_copy_bytes == 0
         np.testing.assert_array_equal(slots.broadcast(values(RANK, MANY_STEPS // 8), SIZE - 1),
                                       values(SIZE - 1, MANY_STEPS // 8))
     finally:

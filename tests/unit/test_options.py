@@ -54,7 +54,8 @@ def test_segment_is_capped_below_the_mpi_message_limit():
 # A value for each option that names a setting, different from that setting's default.
 SAMPLES = {"timeout": ("7.5", 7.5), "algo": ("ring,direct", "ring,direct"), "segment": ("4096", 4096),
            "inflight": ("3", 3), "topology": ("dgx1", "dgx1"), "plan": ("p.json", "p.json"),
-           "probe": ("force", "force"), "timeline": ("t.json", "t.json"), "shm": ("0", "0")}
+           "probe": ("force", "force"), "timeline": ("t.json", "t.json"), "shm": ("0", "0"),
+           "path": ("host_memory", "host memory")}
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))

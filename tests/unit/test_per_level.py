@@ -204,7 +204,7 @@ def test_large_broadcasts_run_as_a_chain_with_numpys_answers(tree):
     for r in range(6):
         for k, root in enumerate((0, 4)):
             np.testing.assert_array_equal(results[r][k], values(root, (n,), np.float64))
-    assert {plan.algorithm for key, plan in comms[0]._plans._plans.items() if key[0] == "broadcast"} <= \
+    assert {plan.algorithm for key, plan in comms[0].plans._plans.items() if key[0] == "broadcast"} <= \
         {"chain", "chain per level"}
 
 
@@ -256,7 +256,7 @@ def test_small_collectives_ride_in_the_agreement_round(tree):
         np.testing.assert_array_equal(results[r][1], uneven)
         np.testing.assert_array_equal(results[r][2], np.concatenate([values(q, (3, 2), np.int16) for q in range(6)]))
         np.testing.assert_allclose(results[r][3], np.array_split(whole, 6)[r].astype(np.float32), rtol=1e-6)
-        planned = {key[0] for key in comms[r]._plans._plans}  # what ran besides agreement rounds
+        planned = {key[0] for key in comms[r].plans._plans}  # what ran besides agreement rounds
         assert planned == {"agree", "allgather"}, planned  # (the uneven rows' allgather only)
 
 

@@ -1,0 +1,197 @@
+"""The planned path: an agreement round with no payload, then ddl's own plan on the native executor — per level,
+innermost first, pipelined in blocks (the planner chooses, ddl.schedule compiles, the executor runs).
+
+Serves every collective, valid or not: it is the last of every table. A refused call raises on every rank in
+its agreement round; a large one follows its plan: an allreduce the planner's choice for its size, a
+reduce-scatter and an allgather that choice's halves per level (slow links carry only reduced data), a
+broadcast a pipelined chain through the subtrees (or a binomial tree per level when small), an alltoall a
+pairwise exchange. -check compares an allreduce with MPI's own here.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import _native
+from ...planner.per_level import broadcast_program, chain_program
+from ...schedule.alltoall import pairwise_exchange
+from ...schedule.compile import CompiledPipeline, compile_blocks
+from ...errors import DDLError
+from ..calls import deliver, gathered_into, into, work_buffer
+from ..diagnostics import check_against_mpi
+from ..dtypes import raw
+
+_BYTE = _native.DType.uint8
+_SUM = _native.ReduceOp.sum
+CHAIN_FROM = 256 << 10  # broadcasts from this size (and 3 ranks) run as a pipelined chain ...
+CHAIN_BLOCK = 64 << 10  # ... in blocks of this size: p - 1 blocks of fill, small against the whole
+
+
+class Planned:
+    name = "planned"
+    serves = frozenset(("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "alltoall"))
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def takes(self, call) -> str | None:
+        if call.device or self.comm.size == 1 and call.collective != "alltoall":
+            return None
+        if call.problem:
+            return "the call is refused here: its agreement round raises on every rank"
+        return "ddl's plan per level on the native executor, after an agreement round"
+
+    def run(self, call):
+        return getattr(self, "_" + call.collective)(call)
+
+    def _options(self, text: str, dtype=_BYTE, op=_SUM, factor: float = 1.0):
+        return _native.RunOptions(dtype, op, self.comm.options.timeout, text, factor=factor)
+
+    # -- the collectives ----------------------------------------------------------------------------------------
+
+    def _barrier(self, call) -> None:
+        with self.comm.lock:
+            self.comm.agree(call.text, None)
+
+    def _allreduce(self, call) -> np.ndarray:
+        comm, k, a, out = self.comm, call.known, call.array, call.out
+        check = comm.options.check
+        original = a.copy() if check is not None else a
+        with comm.lock:
+            comm.agree(k.text, call.problem)
+            work, direct = work_buffer(a, out)
+            self.allreduce(work, k.dtype, k.op, k.text, k.factor)
+            if check is not None:
+                check_against_mpi(comm.mpi_comm, comm.rank, comm.size, check, original, work, call.op, k.text)
+        return deliver(work.reshape(a.shape), out, direct)
+
+    def allreduce(self, flat: np.ndarray, dtype, op, text: str, factor: float = 1.0) -> None:
+        """ddl's own allreduce of a contiguous 1-D buffer, in place, with no agreement round (the caller holds
+        ``lock`` and has agreed)."""
+        if flat.size:
+            self.comm.execute(self.comm.allreduce_plan(flat.size, flat.itemsize), raw(flat),
+                              self._options(text, dtype, op, factor))
+
+    def _broadcast(self, call) -> np.ndarray:
+        comm, a, out = self.comm, call.array, call.out
+        result, direct = into(np.empty(a.shape, a.dtype), out)
+        if comm.rank == call.root and result is not a:  # only root's data travels: the others just receive
+            np.copyto(result, a.copy() if np.may_share_memory(result, a) else a)
+        data = result.reshape(-1).view(np.uint8) if not a.dtype.hasobject else np.empty(0, np.uint8)
+        with comm.lock:
+            comm.agree(call.text, call.problem)
+            plan = comm.plans.get(("broadcast", data.size, call.root), lambda: self._broadcast_plan(data.size,
+                                                                                                   call.root))
+            comm.execute(plan, data, self._options(call.text))
+        return deliver(result, out, direct)
+
+    def _broadcast_plan(self, nbytes: int, root: int) -> CompiledPipeline:
+        """A large broadcast is a pipelined chain through the subtrees (every link carries the data once each
+        way); a smaller one a binomial tree per level (log2(p) rounds, the root sending every block that often)."""
+        comm, o = self.comm, self.comm.options
+        per_level = len(comm.grid.sizes) > 1
+        if comm.size > 2 and nbytes >= CHAIN_FROM:
+            return compile_blocks(lambda n: chain_program(comm.rank, comm.grid, n, root), nbytes,
+                                  o.segment or CHAIN_BLOCK, o.inflight or 4, "chain per level" if per_level else "chain")
+        return compile_blocks(lambda n: broadcast_program(comm.rank, comm.grid, n, root), nbytes,
+                              o.segment or comm.block_bytes(nbytes), o.inflight or 2,
+                              "binomial per level" if per_level else "binomial")
+
+    def _allgather(self, call) -> np.ndarray:
+        comm, a = self.comm, call.array
+        rows = np.zeros(comm.size, dtype=np.int64)
+        rows[comm.rank] = a.shape[0] if a.ndim else 0
+        mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8) if call.problem is None else np.empty(0, np.uint8)
+        with comm.lock:
+            if rows.nbytes <= comm.small_bytes:
+                comm.agree(call.text, call.problem, rows, _native.DType.int64, _SUM)
+            else:
+                comm.agree(call.text, call.problem)
+                self.allreduce(rows, _native.DType.int64, _SUM, call.text)
+            row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
+            result = self.gather_rows(a, mine, rows, row_bytes, call.text, call.out)
+        return gathered_into(result, call.out, comm.rank)
+
+    def gather_rows(self, a: np.ndarray, mine: np.ndarray, rows: np.ndarray, row_bytes: int, text: str,
+                    out=None) -> np.ndarray:
+        """The planned allgather of ``a`` (``mine``: its bytes) once every rank's row count is known, into
+        ``out`` where it is C-contiguous and of the gathered shape (``mine`` may be its own rows). The caller
+        holds ``lock``."""
+        shape = (int(rows.sum()),) + a.shape[1:]
+        direct = out is not None and out.flags.c_contiguous and out.shape == shape
+        result = out if direct else np.empty(shape, dtype=a.dtype)
+        self.parts("allgather", [int(n) * row_bytes for n in rows], 1, mine, result.reshape(-1).view(np.uint8),
+                   self._options(text))
+        return result
+
+    def _reduce_scatter(self, call) -> np.ndarray:
+        comm, k, a, out = self.comm, call.known, call.array, call.out
+        dst, direct = into(np.empty(k.shape, a.dtype), out)
+        row = math.prod(a.shape[1:]) if a.ndim else 0
+        with comm.lock:
+            comm.agree(k.text, call.problem)  # (slow links carry only this rank's share, reduced below them)
+            self.parts("reduce_scatter", [n * row for n in k.rows], a.dtype.itemsize,
+                       raw(np.ascontiguousarray(a)).reshape(-1), raw(dst).reshape(-1),
+                       self._options(k.text, k.dtype, k.op, k.factor))
+        return deliver(dst, out, direct)
+
+    def parts(self, half: str, counts: list[int], itemsize: int, src: np.ndarray, dst: np.ndarray, options) -> None:
+        """A planned reduce-scatter (``src``: the whole flat input, ``dst``: this rank's part) or allgather
+        (``src``: this rank's part, ``dst``: every part in rank order) through a staged buffer (ddl.core.parts).
+        The caller holds ``lock`` and has agreed."""
+        comm = self.comm
+        plan = comm.parts_plan(half, counts, itemsize)
+        if plan.extent == 0:
+            return
+        if half == "allgather" and plan.in_rank_order:  # the output is the staged buffer
+            plan.put(dst, comm.rank, src)
+            comm.execute(plan.compiled, dst, options)
+            return
+        # the pieces go in and out block by block, natively, overlapping the other blocks' transfers
+        comm.execute(plan.compiled, plan.staged(src.dtype, comm.scratch), options,
+                     parts=(src, dst, half == "allgather", counts, plan.positions, plan.piece))
+
+    def _alltoall(self, call) -> np.ndarray:
+        """Rows ``send_rows[j]`` go to rank j (a pairwise exchange: p - 1 rounds, in each one message out and one
+        in per rank; only the destination's rows travel)."""
+        comm, a, send_rows, recv_rows = self.comm, call.array, call.send_rows, call.recv_rows
+        with comm.lock:
+            comm.agree(call.text, call.problem)
+        if recv_rows is None:
+            table = comm.allgather(np.asarray(send_rows, np.int64).reshape(1, -1))  # table[i][j]: i sends j
+            recv_rows = table[:, comm.rank].tolist()
+        recv_rows = [int(n) for n in recv_rows]
+        me = comm.rank
+        if len(recv_rows) != comm.size or any(n < 0 for n in recv_rows) or recv_rows[me] != send_rows[me]:
+            raise DDLError(f"rank {me}: alltoall recv_rows {recv_rows} must be {comm.size} row counts, "
+                           f"this rank's own {send_rows[me]} among them")
+        row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
+        result = np.empty((sum(recv_rows),) + a.shape[1:], a.dtype)
+        sent_at = np.cumsum([0] + send_rows) * row_bytes
+        got_at = np.cumsum([0] + recv_rows) * row_bytes
+        mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        got = result.reshape(-1).view(np.uint8)
+        if comm.size > 1:
+            plan = self._exchange_plan(tuple(sent_at.tolist()), tuple(got_at.tolist()))
+            buffer = np.empty(mine.size + got.size, np.uint8)
+            buffer[:mine.size] = mine
+            with comm.lock:
+                comm.execute(plan, buffer, self._options(call.text))
+            got[:] = buffer[mine.size:]
+        got[got_at[me]:got_at[me + 1]] = mine[sent_at[me]:sent_at[me + 1]]  # its own rows never left
+        return result
+
+    def _exchange_plan(self, sent_at: tuple[int, ...], got_at: tuple[int, ...]) -> CompiledPipeline:
+        """The pairwise exchange's compiled program for these byte layouts (input at 0, output after it)."""
+        comm = self.comm
+
+        def build():
+            base = sent_at[-1]
+            send = [(sent_at[j], sent_at[j + 1] - sent_at[j]) for j in range(comm.size)]
+            recv = [(base + got_at[j], got_at[j + 1] - got_at[j]) for j in range(comm.size)]
+            program = pairwise_exchange(comm.rank, send, recv)
+            count = base + got_at[-1]
+            return compile_blocks(lambda _: program, count, max(count, 1), 1, "pairwise exchange")
+
+        return comm.plans.get(("alltoall", sent_at, got_at), build)

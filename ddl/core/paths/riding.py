@@ -1,0 +1,218 @@
+"""The riding path: a small call rides in the agreement round itself (ddl.core.agreement), one latency-optimal
+exchange for the whole collective.
+
+Serves, off the host memory level, allreduces whose payload fits the round where recursive doubling is what
+the plan would do anyway (on a slow uplink a 64 KiB payload is better scattered through the hierarchy: the cost
+model decides, once per size), broadcasts, allgathers and reduce-scatters whose round carries as few bytes (a
+broadcast: root's bytes, zeros elsewhere, summed; an allgather: every rank's row count and its bytes in its own
+slot; a reduce-scatter: the whole, reduced), and barriers (a round with no payload). Chosen after the host
+memory level (where rides would cost a message) and before the planned executor (which pays an agreement round
+of its own before its plan). A refused broadcast or allgather of a size that rides runs the same round with
+its problem, so every rank raises there. Known calls repeat through their Ride (ddl.core.rides).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import _native
+from ...planner import Shape, latency_phases, pipelined, predict
+from .. import rides
+from ..calls import answer_into, deliver, gathered_into, into
+from ..dtypes import raw
+
+_WORDS = _native.DType.int64
+_SUM = _native.ReduceOp.sum
+_KEPT = 1024
+
+
+class Riding:
+    name = "riding"
+    serves = frozenset(("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier"))
+    repeats = frozenset(("broadcast", "allgather", "reduce_scatter"))  # known calls: their Ride again
+
+    def __init__(self, comm, planned):
+        self.comm, self.planned = comm, planned
+        self.agreement = comm.agreement
+        self._small = comm.small_bytes
+        self._riding: dict[int, bool] = {}  # payload bytes -> whether they ride
+
+    def takes(self, call) -> str | None:
+        comm, collective = self.comm, call.collective
+        if comm.size == 1 or call.device:
+            return None
+        if collective == "barrier":
+            return None if comm.host_memory is not None else "the whole call is the agreement round"
+        if collective == "allreduce":
+            if call.problem or comm.options.check is not None or not self.rides(call.array.nbytes):
+                return None
+        elif collective == "reduce_scatter":
+            if comm.host_memory is not None or call.problem or not self.rides(call.array.nbytes):
+                return None
+        elif not self.rides(self.payload(call)):
+            return None
+        return f"{self._small} bytes or fewer ride in the agreement round: one latency-optimal exchange"
+
+    def payload(self, call) -> int:
+        """The bytes a broadcast's or an allgather's round carries (an invalid call's: none of its own)."""
+        a = call.array
+        if call.collective == "broadcast":
+            return 0 if a.dtype.hasobject else a.nbytes
+        return 8 * self.comm.size + self.comm.size * (a.nbytes if call.problem is None else 0)
+
+    def rides(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` ride in the agreement round, decided once per size (the model's walk over the tree
+        costs more than a small call on a busy host)."""
+        rides = self._riding.get(nbytes)
+        if rides is None:
+            if len(self._riding) > _KEPT:
+                self._riding.clear()
+            rides = self._riding[nbytes] = self._fused(nbytes)
+        return rides
+
+    def _fused(self, nbytes: int) -> bool:
+        comm = self.comm
+        if nbytes > self._small or comm.options.algo not in ("auto", "recursive_doubling"):
+            return False
+        plan = comm.plan_for(nbytes)
+        if len(comm.levels) == 1 or plan.shape == "latency":
+            return True
+        # The planned path pays a separate agreement round (no payload) before its own rounds.
+        shape = Shape.of(comm.tree)
+        fused = pipelined(latency_phases(shape, comm.levels, nbytes), 1)
+        agreement = pipelined(latency_phases(shape, comm.levels, 0), 1)
+        return fused <= predict(plan, nbytes)[0] + agreement
+
+    def run(self, call):
+        return getattr(self, "_" + call.collective)(call)
+
+    def again(self, known, array: np.ndarray, out):
+        ride = known.kept["ride"]
+        if known.collective == "broadcast":
+            return self._broadcast_ride(ride, array, np.empty(array.shape, array.dtype) if out is None else out)
+        if known.collective == "allgather":
+            return gathered_into(self._allgather_ride(ride, array, out), out, self.comm.rank)
+        return self._reduce_scatter_ride(ride, array, out)
+
+    # -- the collectives ----------------------------------------------------------------------------------------
+
+    def _barrier(self, call) -> None:
+        with self.comm.lock:
+            self.agreement.agree(call.text, None)
+
+    def _allreduce(self, call) -> np.ndarray:
+        k, a, out = call.known, call.array, call.out
+        fused = k.kept.get("fused")
+        if fused is None:
+            fused = k.kept["fused"] = (self.agreement.plan(a.size), self.agreement.options(k.text, k.dtype, k.op,
+                                                                                           factor=k.factor))
+        src = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+        dst, direct = into(np.empty(a.shape, a.dtype), out)
+        with self.comm.lock:
+            if not self.comm.execute(fused[0], raw(src), fused[1], raw(dst)):
+                self.agreement.report_mismatch(k.text)
+        return deliver(dst, out, direct)
+
+    def _broadcast(self, call) -> np.ndarray:
+        comm, k, a, out = self.comm, call.known, call.array, call.out
+        result, direct = into(np.empty(a.shape, a.dtype), out)
+        if comm.rank == call.root and result is not a:  # only root's data travels
+            np.copyto(result, a.copy() if np.may_share_memory(result, a) else a)
+        if call.problem is None and k.short:  # root's bytes, zeros elsewhere, summed
+            ride = self._ride(k, lambda: rides.broadcast(
+                k.text, self.agreement.plan(-(-a.nbytes // 8)), self.agreement.options(k.text, _WORDS, _SUM),
+                a.shape, a.dtype, comm.rank == call.root))
+            return deliver(self._broadcast_ride(ride, a, result), out, direct)
+        # (a refused call, or a dtype numpy does not build in: the same round, which raises on every refusal)
+        data = result.reshape(-1).view(np.uint8) if not a.dtype.hasobject else np.empty(0, np.uint8)
+        words, payload = rides.words(data.size)
+        if comm.rank == call.root:
+            payload[...] = data
+        with comm.lock:
+            self.agreement.agree(k.text, call.problem, words, _WORDS, _SUM)
+        data[...] = payload
+        return deliver(result, out, direct)
+
+    def _allgather(self, call) -> np.ndarray:
+        comm, k, a, out = self.comm, call.known, call.array, call.out
+        if call.problem is None and k.short:
+            ride = self._ride(k, lambda: rides.allgather(
+                k.text, self.agreement.plan(-(-self.payload(call) // 8)), self.agreement.options(k.text, _WORDS, _SUM),
+                a.shape, a.dtype, comm.rank, comm.size))
+            fits = out is not None and out.shape == ride.answer.shape
+            return gathered_into(self._allgather_ride(ride, np.ascontiguousarray(a), out if fits else None), out,
+                                 comm.rank)
+        # One round: the row counts and every rank's bytes in its slot (zeros elsewhere, summed as bytes), sized as
+        # if all ranks had this rank's rows; uneven rows then take their planned allgather.
+        rows = np.zeros(comm.size, dtype=np.int64)
+        rows[comm.rank] = a.shape[0] if a.ndim else 0
+        mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8) if call.problem is None else np.empty(0, np.uint8)
+        words, work = rides.words(rows.nbytes + comm.size * mine.size)
+        work[:rows.nbytes] = rows.view(np.uint8)
+        at = rows.nbytes + comm.rank * mine.size
+        work[at:at + mine.size] = mine
+        with comm.lock:
+            self.agreement.agree(k.text, call.problem, words, _WORDS, _SUM)
+            rows = work[:rows.nbytes].view(np.int64)
+            if (rows == rows[comm.rank]).all():
+                return gathered_into(work[rows.nbytes:].view(a.dtype).reshape(k.shape), out, comm.rank)
+            row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
+            return gathered_into(self.planned.gather_rows(a, mine, rows, row_bytes, k.text), out, comm.rank)
+
+    def _reduce_scatter(self, call) -> np.ndarray:
+        comm, k, a, out = self.comm, call.known, call.array, call.out
+        start = sum(k.rows[:comm.rank])
+
+        def make():
+            return rides.reduce_scatter(k.text, self.agreement.plan(a.size), self.agreement.options(
+                k.text, k.dtype, k.op, factor=k.factor), a.shape, a.dtype, start, start + k.rows[comm.rank])
+        # (a dtype numpy does not build in, bfloat16, is not kept: its Ride is made per call)
+        ride = self._ride(k, make) if k.short else make()
+        direct = out is not None and out.flags.c_contiguous
+        return deliver(self._reduce_scatter_ride(ride, raw(np.ascontiguousarray(a)), out if direct else None),
+                       out, direct)
+
+    # -- a Ride: the round of a known call, worked out once --------------------------------------------------------
+
+    @staticmethod
+    def _ride(known, make) -> rides.Ride:
+        ride = known.kept.get("ride")
+        if ride is None:
+            ride = known.kept["ride"] = make()
+        return ride
+
+    def _run_ride(self, ride: rides.Ride, src: np.ndarray | None = None) -> None:
+        """The round (the caller holds ``lock``): on the buffer as filled, or on a copy of ``src`` into it (as the
+        executor takes it: ddl.core.dtypes.raw)."""
+        agreed = self.comm.execute(ride.plan, ride.buffer, ride.options) if src is None else \
+            self.comm.execute(ride.plan, src, ride.options, ride.buffer)
+        if not agreed:
+            self.agreement.report_mismatch(ride.text)
+
+    def _broadcast_ride(self, ride: rides.Ride, a: np.ndarray, result: np.ndarray) -> np.ndarray:
+        with self.comm.lock:
+            ride.buffer.fill(0)
+            if ride.mine is not None:
+                np.copyto(ride.mine, a)
+            self._run_ride(ride)
+            np.copyto(result, ride.answer)
+        return result
+
+    def _allgather_ride(self, ride: rides.Ride, a: np.ndarray, out) -> np.ndarray:
+        comm = self.comm
+        with comm.lock:
+            ride.buffer.fill(0)
+            ride.rows[comm.rank] = a.shape[0]
+            np.copyto(ride.mine, a)
+            self._run_ride(ride)
+            if ride.rows.tobytes() == ride.equal:
+                return answer_into(ride.answer, out)
+            rows = ride.rows.copy()  # uneven: their planned allgather, now that every rank's count is known
+            mine = a.reshape(-1).view(np.uint8)
+            return self.planned.gather_rows(a, mine, rows, a.dtype.itemsize * math.prod(a.shape[1:]), ride.text, out)
+
+    def _reduce_scatter_ride(self, ride: rides.Ride, a: np.ndarray, out) -> np.ndarray:
+        with self.comm.lock:
+            self._run_ride(ride, a)
+            return answer_into(ride.answer, out)
