@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import replace
 
 import numpy as np
@@ -114,7 +115,8 @@ class Communicator:
         quick = not o.dump_iter and not o.timeline and o.check is None
         self._quick: dict | None = {} if quick else None
         # ... found and run natively on the host level or alone (Python's road stays for what they decline)
-        self._native = _native.ShortCalls(self.host_memory.native if self.host_memory is not None else None) \
+        self._native = _native.ShortCalls(self.host_memory.native if self.host_memory is not None else None,
+                                          _weakly(self.agreement.report_mismatch), _weakly(self._host_failure)) \
             if quick and (self.host_memory is not None or size == 1) else None
         self._calls = Calls(rank, size, self.agreement, o.timeout, self.host_memory is not None, size == 1)
         self.road = Road(paths.table(self), o.path)
@@ -376,12 +378,9 @@ class Communicator:
     def allreduce(self, array, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
         try:
             if self._native is not None and self._worker is None:  # a known call, found and run natively
-                try:
-                    got = self._native.allreduce(array, op, out)
-                except DDLError as e:
-                    raise self._host_failure(e, self._native.last_text) from None
+                got = self._native.allreduce(array, op, out)
                 if got is not None:
-                    return got if type(got) is not str else self.agreement.report_mismatch(got)
+                    return got
             return self._take("allreduce", op, array, out, self._calls.allreduce, array, op, out)
         except MismatchError as e:
             if not beside_joined(e, self.rank, self.size):
@@ -392,12 +391,9 @@ class Communicator:
         """A copy of root's array on every rank (any fixed-size dtype; every rank passes the same shape), or
         written to ``out`` (its shape and dtype; it may be ``array`` itself)."""
         if self._native is not None and self._worker is None:
-            try:
-                got = self._native.broadcast(array, root, out)
-            except DDLError as e:
-                raise self._host_failure(e, self._native.last_text) from None
+            got = self._native.broadcast(array, root, out)
             if got is not None:
-                return got if type(got) is not str else self.agreement.report_mismatch(got)
+                return got
         # (a root of another type that equals a known one, 1.0 for 1, is described: it is refused there)
         return self._take("broadcast", root if type(root) is int else repr(root), array, out,
                           self._calls.broadcast, array, root, out)
@@ -409,14 +405,9 @@ class Communicator:
         ``out`` (C-contiguous, of the gathered shape and the dtype) the result is written there; in place when
         this rank's rows of ``out`` are ``array`` itself."""
         if self._native is not None and self._worker is None:
-            try:
-                got = self._native.allgather(array, out)
-            except DDLError as e:
-                raise self._host_failure(e, self._native.last_text) from None
+            got = self._native.allgather(array, out)
             if type(got) is np.ndarray:
                 return got
-            if type(got) is str:  # ranks called differently
-                self.agreement.report_mismatch(got)
             if got is not None:  # the rows were uneven: (every rank's length, the call's text and hash)
                 lengths, text, h = got
                 uneven = self.road.named("host memory").uneven(array, lengths, out, text, h)
@@ -430,24 +421,16 @@ class Communicator:
         the first dimension; by default as numpy.array_split makes them, the first ``len % size`` parts one row
         longer). Ops as allreduce's. With ``out`` (this rank's part's shape) the result lands there."""
         if self._native is not None and self._worker is None and counts is None:
-            try:
-                got = self._native.reduce_scatter(array, op, out)
-            except DDLError as e:
-                raise self._host_failure(e, self._native.last_text) from None
+            got = self._native.reduce_scatter(array, op, out)
             if got is not None:
-                return got if type(got) is not str else self.agreement.report_mismatch(got)
+                return got
         return self._take("reduce_scatter", (op, None if counts is None else tuple(counts)), array, out,
                           self._calls.reduce_scatter, array, op, out, counts)
 
     def barrier(self) -> None:
         """Returns once every rank has entered the barrier."""
-        if self._native is not None and self._worker is None:  # known after the first, run natively
-            try:
-                got = self._native.barrier()
-            except DDLError as e:
-                raise self._host_failure(e, "barrier()") from None
-            if got is not None:
-                return None if got is True else self.agreement.report_mismatch(got)
+        if self._native is not None and self._worker is None and self._native.barrier():  # known: run natively
+            return None
         self.drain()
         return self._run(self._calls.barrier())
 
@@ -582,6 +565,12 @@ class _Closed:
 
     def __getattr__(self, name):
         raise DDLError("this ddl communicator was closed (ddl.finalize() or Communicator.close())")
+
+
+def _weakly(method):
+    """``method`` without a reference to its object (the native table must not keep the communicator alive)."""
+    ref = weakref.WeakMethod(method)
+    return lambda *args: ref()(*args)
 
 
 def _teach(native, call) -> None:

@@ -9,9 +9,11 @@
 // (another array type, a dtype object that is equal but not the same, an out to check) returns None and takes
 // Python's path, which gives the same answers.
 //
-// A call returns its result, None (not here: Python's path), the call's text where ranks called differently
-// (Python reports it, collectively) or, for an allgather whose rows turned out uneven, every rank's length in
-// bytes with the call's text and hash (Python gathers them).
+// A call returns its result, None (not here: Python's path) or, for an allgather whose rows turned out uneven,
+// every rank's length in bytes with the call's text and hash (Python gathers them). Where ranks called
+// differently it hands the call's text to Python's on_mismatch (which reports it, collectively, and raises); a
+// transport failure goes through Python's on_failure (which names it: the dead rank kept, a deadline's absent
+// ranks) before it is raised. So the caller's Python is three lines for every collective.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -25,6 +27,7 @@
 
 #include "ddl/host_calls.hpp"
 #include "ddl/host_memory.hpp"
+#include "ddl/transport.hpp"
 
 namespace py = pybind11;
 using namespace ddl;
@@ -110,8 +113,12 @@ bool op_name(py::handle op, std::array<char, 16>* name) {
 class ShortCalls {
  public:
   // host: the communicator's HostMemory, or None for a job of one rank (each collective is then a copy).
-  explicit ShortCalls(py::object host)
-      : owner_(std::move(host)), host_(owner_.is_none() ? nullptr : &owner_.cast<HostMemory&>()) {}
+  // on_mismatch(text) raises ranks' calls' differences; on_failure(error, text) returns the error to raise.
+  ShortCalls(py::object host, py::object on_mismatch, py::object on_failure)
+      : owner_(std::move(host)),
+        host_(owner_.is_none() ? nullptr : &owner_.cast<HostMemory&>()),
+        on_mismatch_(std::move(on_mismatch)),
+        on_failure_(std::move(on_failure)) {}
 
   void learn_broadcast(py::object dtype, const Shape& shape, int root, const HostCall& call) {
     Entry e = entry(dtype, Kind::broadcast, shape, shape);
@@ -178,12 +185,11 @@ class ShortCalls {
     if (!dst) return py::none();
     if (!host_) return alone(*e, in, to, dst);
     std::vector<int64_t> lengths;
-    bool equal = false, agreed;
-    {
-      py::gil_scoped_release nogil;
-      agreed = host_->allgather_equal(in.data, to.data, e->in_bytes, lengths, &equal, e->call);
-    }
-    if (!agreed) return py::str(e->call.label);
+    bool equal = false;
+    const bool agreed = guarded(e->call.label, [&] {
+      return host_->allgather_equal(in.data, to.data, e->in_bytes, lengths, &equal, e->call);
+    });
+    if (!agreed) return py::none();
     return equal ? dst : py::make_tuple(lengths, e->call.label, e->call.hash);
   }
 
@@ -212,17 +218,12 @@ class ShortCalls {
     });
   }
 
-  // True once every rank arrived, the call's text where ranks called differently, None before Python's first.
+  // True once every rank arrived, None before Python's first.
   py::object barrier() {
     const auto call = barrier_;
     if (!call) return py::none();
-    if (!host_) return py::bool_(true);
-    bool agreed;
-    {
-      py::gil_scoped_release nogil;
-      agreed = host_->barrier(*call);
-    }
-    return agreed ? py::object(py::bool_(true)) : py::object(py::str(call->label));
+    if (host_) guarded(call->label, [&] { return host_->barrier(*call); });
+    return py::bool_(true);
   }
 
   // The call last found here, as error messages name it (Python names a failure with it).
@@ -294,16 +295,32 @@ class ShortCalls {
 
   template <typename Collective>
   py::object run(Entry& e, py::handle result, Collective collective) {
+    return guarded(e.host_call().label, collective) ? py::reinterpret_borrow<py::object>(result) : py::none();
+  }
+
+  // Runs a collective without the GIL; a mismatch goes to on_mismatch, a transport failure through on_failure.
+  template <typename Collective>
+  bool guarded(const std::string& label, Collective collective) {
     bool agreed;
-    {
+    try {
       py::gil_scoped_release nogil;
       agreed = collective();
+    } catch (const TransportError& error) {  // (RankFailure among them)
+      const auto errors = py::module_::import("ddl.errors");
+      const auto* failure = dynamic_cast<const RankFailure*>(&error);
+      py::object raised = failure ? errors.attr("RankFailure")(failure->what(), failure->ranks)
+                                  : errors.attr("TransportError")(error.what());
+      py::object named = on_failure_(raised, label);
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(named.ptr())), named.ptr());
+      throw py::error_already_set();
     }
-    return agreed ? py::reinterpret_borrow<py::object>(result) : py::str(e.host_call().label);
+    if (!agreed) on_mismatch_(label);  // (raises)
+    return agreed;
   }
 
   py::object owner_;  // the HostMemory's Python object: the segment stays mapped while this table lives
   HostMemory* host_;  // null: one rank
+  py::object on_mismatch_, on_failure_;
   std::unordered_map<Key, EntryPtr, KeyHash> table_;
   EntryPtr last_;
   std::shared_ptr<HostCall> barrier_;
@@ -314,9 +331,11 @@ class ShortCalls {
 void bind_short_calls(py::module_& m) {
   py::class_<ShortCalls>(m, "ShortCalls",
                          "A communicator's known host level calls, each found and run in one native call: a result, "
-                         "None (not known here: Python's path), the call's text (ranks called differently) or, for "
-                         "an allgather of uneven rows, (every rank's length in bytes, the call's text, its hash).")
-      .def(py::init<py::object>(), py::arg("host"),
+                         "None (not known here: Python's path) or, for an allgather of uneven rows, (every rank's "
+                         "length in bytes, the call's text, its hash). Ranks that called differently: "
+                         "on_mismatch(text), which raises; a transport failure: on_failure(error, text) is raised.")
+      .def(py::init<py::object, py::object, py::object>(), py::arg("host"), py::arg("on_mismatch"),
+           py::arg("on_failure"),
            "host: the communicator's HostMemory, or None in a job of one rank (every collective a copy).")
       .def("learn_broadcast", &ShortCalls::learn_broadcast, py::arg("dtype"), py::arg("shape"), py::arg("root"),
            py::arg("call"))
