@@ -17,6 +17,7 @@ import threading
 import weakref
 
 from ..errors import DDLError
+from .devices import is_device_array
 
 
 class Handle:
@@ -109,3 +110,44 @@ def _stop_workers() -> None:
     for worker in list(_running):
         if worker._thread.is_alive():
             worker.close(_EXIT_WAIT)
+
+
+class Submitting:
+    """A communicator's asynchronous collectives (mixed into ddl.core.communicator.Communicator, whose
+    ``_worker``, ``_mpi`` and ``rank`` these use)."""
+
+    def submit(self, name: str, fn, *args) -> Handle:
+        """Runs ``fn(*args)`` (a collective of this communicator) on its worker thread after everything
+        submitted before; returns the Handle. Every rank must submit in the same order."""
+        if self._worker is None:
+            if self._mpi is not None:  # another thread will call MPI (ddl's own calls never at once)
+                from mpi4py import MPI
+
+                if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+                    raise DDLError(f"rank {self.rank}: {name} needs MPI initialised with at least "
+                                   f"MPI_THREAD_SERIALIZED (mpi4py asks for MPI_THREAD_MULTIPLE unless "
+                                   f"mpi4py.rc.thread_level was lowered)")
+            self._worker = Worker(f"ddl-collectives-rank{self.rank}")
+        return self._worker.submit(name, fn, *args)
+
+    def drain(self) -> None:
+        """Waits for the submitted collectives to finish (a blocking collective does first, so the order stays
+        the same everywhere)."""
+        if self._worker is not None:
+            self._worker.drain()
+
+    def _host_only(self, array, call: str, collective, *args) -> Handle:
+        if is_device_array(array):
+            raise DDLError(f"rank {self.rank}: {call} takes host arrays; GPU arrays follow their stream with the "
+                           f"blocking call ({call.replace('_async', '')})")
+        return self.submit(call, collective, array, *args)
+
+    def allreduce_async(self, array, op: str = "sum", out=None) -> Handle:
+        """allreduce on the worker thread; leave ``array`` (and ``out``) alone until the handle is done."""
+        return self._host_only(array, "allreduce_async", self.allreduce, op, out)
+
+    def broadcast_async(self, array, root: int = 0) -> Handle:
+        return self._host_only(array, "broadcast_async", self.broadcast, root)
+
+    def allgather_async(self, array) -> Handle:
+        return self._host_only(array, "allgather_async", self.allgather)

@@ -22,39 +22,29 @@ import numpy as np
 from .. import _native
 from ..errors import DDLError, MismatchError, RankFailure, TransportError
 from ..options import Options, parse
-from ..planner import Plan, choose, label, program
-from ..planner.explain import Explanation, explain
-from ..planner.per_level import grid_of, scatter_algorithms
-from ..planner.programs import round_phases
+from ..planner.per_level import grid_of
 from ..planner.sources import choose_tree
-from ..schedule.compile import CompiledPipeline, compile_blocks
+from ..schedule.compile import CompiledPipeline
 from ..topology import discover
 from ..topology import tree as hierarchical
 from ..topology.switches import switch_levels
-from ..units import format_size
 from . import bootstrap, devices, failures, flight, host, paths, timeline
 from .agreement import CAPACITY, Agreement, hash64
-from .asynchronous import Handle, Worker
+from .asynchronous import Submitting, Worker
 from .calls import KEPT, Calls, fits, gathered_into
 from .diagnostics import CallTimer
 from .join import beside_joined, serve_until_all_joined
 from .packing import pack_groups
-from .parts import PartsPlan, Scratch, parts_plan
+from .parts import Scratch
+from .planning import Planning
 from .plans import PlanCache
-from .road import Road, said
+from .road import Road
 
 SCRATCH_KEPT = 256 << 20  # staging bytes a communicator keeps between calls (larger ones are made per call)
 TIMELINE_CALLS = 100_000  # calls a DDL_TIMELINE keeps per rank (the oldest go first)
 
 
-def default_block_bytes(nbytes: int) -> int:
-    """Pipeline block size: blocks large enough that per-message costs stay small (at least 1 MiB: smaller
-    ones measured slower on shared memory), and at least 4 blocks for buffers from 4 MiB, so that reducing
-    one block overlaps moving the next."""
-    return min(4 << 20, max(1 << 20, nbytes // 4))
-
-
-class Communicator:
+class Communicator(Planning, Submitting):
     """Runs ddl's collectives among the ranks of one executor (MPI or loopback) or alone (size 1)."""
 
     def __init__(self, executor, rank: int, size: int, options: Options | None = None, mpi_comm=None,
@@ -82,7 +72,7 @@ class Communicator:
         self._grid = grid_of(self.tree)  # the ranks as coordinates: what broadcast, allgather, reduce_scatter follow
         self._algos = tuple(o.algo.split(","))
         self.small_bytes = min(o.small_bytes, CAPACITY)  # payloads that ride in the agreement round
-        self._chosen: dict[int, Plan] = {}
+        self._chosen: dict = {}  # allreduce bytes -> their Plan (ddl.core.planning)
         self.plans = PlanCache(rank, o.dbg_level >= 1)
         self._timer = CallTimer(o.dump_iter, rank, [lv.name for lv in self.levels]) if o.dump_iter else None
         # The executor's round spans: for -dump_iter's per-level times and the timeline (ddl.core.timeline)
@@ -274,94 +264,6 @@ class Communicator:
         elif problem:
             raise DDLError(f"rank {self.rank}: {problem}")
 
-    def plan_for(self, nbytes: int) -> Plan:
-        """The plan an allreduce of ``nbytes`` follows (the same on every rank), chosen once per size."""
-        if self._forced is not None:
-            return self._forced
-        plan = self._chosen.get(nbytes)
-        if plan is None:
-            o, flat = self.options, len(self.levels) == 1
-            try:
-                plan = choose(self.tree, self.levels, nbytes, self._algos,
-                              o.segment or (default_block_bytes(nbytes) if flat else None),
-                              o.inflight or (2 if flat else None))
-            except ValueError as e:
-                raise DDLError(f"rank {self.rank}: {e}") from None
-            if len(self._chosen) > KEPT:
-                self._chosen.clear()
-            self._chosen[nbytes] = plan
-        return plan
-
-    @staticmethod
-    def block_bytes(nbytes: int) -> int:
-        return default_block_bytes(nbytes)
-
-    def allreduce_plan(self, count: int, itemsize: int) -> CompiledPipeline:
-        """This rank's compiled pipeline for an allreduce of ``count`` elements of ``itemsize`` bytes."""
-        def build():
-            choice = self.plan_for(count * itemsize)
-            return compile_blocks(lambda n: program(self.rank, choice, n), count,
-                                  max(1, choice.block_bytes // itemsize), choice.inflight, label(choice),
-                                  tuple(round_phases(choice)))
-
-        return self.plans.get(("allreduce", count, itemsize), build)
-
-    def parts_plan(self, half: str, counts: list[int], itemsize: int) -> PartsPlan:
-        """This rank's plan for a reduce-scatter (``half`` "reduce_scatter") or allgather of parts ``counts``
-        (elements of ``itemsize`` bytes, in rank order), per level as the allreduce of as many bytes is."""
-        def build():
-            choice = self.plan_for(sum(counts) * itemsize)
-            algorithms = scatter_algorithms(self._grid, choice.algorithms, choice.shape == "latency")
-            return parts_plan(self.rank, self._grid, algorithms, counts, max(1, choice.block_bytes // itemsize),
-                              choice.inflight, half)
-
-        return self.plans.get((half, tuple(counts), itemsize), build)
-
-    def explain(self, nbytes: int, collective: str = "allreduce") -> Explanation:
-        """What an allreduce of ``nbytes`` would do here: levels, groups, algorithms, bytes per link kind,
-        predicted time against the topology's lower bound (the same as ``ddl-topo --plan``), and the path a call
-        of ``collective`` moving that many bytes of float32 takes, and why (ddl.core.road)."""
-        agreement = "" if self.size == 1 else \
-            f"{self.agreement.describe()}; calls of up to {format_size(self.small_bytes)} ride in it"
-        said_ = replace(explain(self.plan_for(nbytes), nbytes), transport=self._transport(), agreement=agreement,
-                        path=f"{collective} of {format_size(nbytes)} takes {said(self.route(collective, nbytes))}")
-        if self.host_memory is None:
-            return said_
-        native = self.host_memory.native
-        how = ("one phase: every rank reduces every rank's data" if nbytes <= host.ONE_PHASE_BYTES else
-               f"reduce-scatter then allgather in {-(-nbytes // native.slot_bytes)} step(s) of "
-               f"{format_size(native.slot_bytes)} per rank")
-        direct = native.single_copy_bytes
-        copies = (f"; broadcasts and allgathers from {format_size(direct)} per rank copy straight from the "
-                  f"writer's buffer" if direct else "")
-        return replace(said_, runs_on=f"runs on the host memory level instead (the {self.size} ranks share one "
-                                      f"host: one shared-memory segment, no messages): {how}{copies}")
-
-    def route(self, collective: str, nbytes: int) -> list[tuple[str, str | None]]:
-        """The paths a valid call of ``collective`` moving ``nbytes`` (float32, this rank's part) tries, in order,
-        each with its reason to take it or None (the first with a reason takes it)."""
-        dtype = np.dtype(np.float32)
-        array = np.broadcast_to(np.zeros(1, dtype), (max(1, nbytes // dtype.itemsize),))  # (no memory of its own)
-        describe = {"allreduce": lambda: self._calls.allreduce(array, "sum", None),
-                    "broadcast": lambda: self._calls.broadcast(array, 0, None),
-                    "allgather": lambda: self._calls.allgather(array, None),
-                    "reduce_scatter": lambda: self._calls.reduce_scatter(array, "sum", None, None),
-                    "barrier": self._calls.barrier,
-                    "alltoall": lambda: self._calls.alltoall(array[:self.size * (array.size // self.size)], None,
-                                                             None)}
-        if collective not in describe:
-            raise DDLError(f"rank {self.rank}: no collective {collective!r}; the collectives are "
-                           f"{', '.join(describe)}")
-        return self.road.route(describe[collective]())
-
-    def _transport(self) -> str:
-        """Every level's messages go over MPI point-to-point (NCCL's levels say so in their "via" column)."""
-        if self._mpi is None:
-            return ""
-        how = ("the ranks joined through the launcher's store (no MPI launcher)" if bootstrap.joined_through
-               else "the ranks started by an MPI launcher")
-        return f"MPI point-to-point messages ({bootstrap.mpi_library()}), {how}"
-
     @property
     def grid(self):
         """The ranks as coordinates per level of the planned tree (ddl.planner.per_level.Grid): group sizes
@@ -520,44 +422,6 @@ class Communicator:
         payload = np.frombuffer(data, np.uint8)
         lengths = self.allgather(np.array([payload.size], np.int64))
         return [part.tobytes() for part in np.split(self.allgather(payload), np.cumsum(lengths)[:-1])]
-
-    # -- asynchronous (ddl.core.asynchronous) ------------------------------------------------------------
-
-    def submit(self, name: str, fn, *args) -> Handle:
-        """Runs ``fn(*args)`` (a collective of this communicator) on its worker thread after everything
-        submitted before; returns the Handle. Every rank must submit in the same order."""
-        if self._worker is None:
-            if self._mpi is not None:  # another thread will call MPI (ddl's own calls never at once)
-                from mpi4py import MPI
-
-                if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
-                    raise DDLError(f"rank {self.rank}: {name} needs MPI initialised with at least "
-                                   f"MPI_THREAD_SERIALIZED (mpi4py asks for MPI_THREAD_MULTIPLE unless "
-                                   f"mpi4py.rc.thread_level was lowered)")
-            self._worker = Worker(f"ddl-collectives-rank{self.rank}")
-        return self._worker.submit(name, fn, *args)
-
-    def drain(self) -> None:
-        """Waits for the submitted collectives to finish (a blocking collective does first, so the order stays
-        the same everywhere)."""
-        if self._worker is not None:
-            self._worker.drain()
-
-    def _host_only(self, array, call: str, collective, *args) -> Handle:
-        if devices.is_device_array(array):
-            raise DDLError(f"rank {self.rank}: {call} takes host arrays; GPU arrays follow their stream with the "
-                           f"blocking call ({call.replace('_async', '')})")
-        return self.submit(call, collective, array, *args)
-
-    def allreduce_async(self, array, op: str = "sum", out: np.ndarray | None = None) -> Handle:
-        """allreduce on the worker thread; leave ``array`` (and ``out``) alone until the handle is done."""
-        return self._host_only(array, "allreduce_async", self.allreduce, op, out)
-
-    def broadcast_async(self, array, root: int = 0) -> Handle:
-        return self._host_only(array, "broadcast_async", self.broadcast, root)
-
-    def allgather_async(self, array) -> Handle:
-        return self._host_only(array, "allgather_async", self.allgather)
 
 
 class _Closed:
