@@ -31,7 +31,7 @@ from ..topology.switches import switch_levels
 from . import bootstrap, devices, failures, flight, host, paths, timeline
 from .agreement import CAPACITY, Agreement, hash64
 from .asynchronous import Submitting, Worker
-from .calls import KEPT, Calls, fits, gathered_into
+from .calls import Calls, gathered_into
 from .diagnostics import CallTimer
 from .join import beside_joined, serve_until_all_joined
 from .packing import pack_groups
@@ -103,13 +103,13 @@ class Communicator(Planning, Submitting):
                                                                            single_copy=o.shm != "slots")
         # known calls' short forms: not where each call feeds a timer, a timeline or a check
         quick = not o.dump_iter and not o.timeline and o.check is None
-        self._quick: dict | None = {} if quick else None
         # ... found and run natively on the host level or alone (Python's road stays for what they decline)
         self._native = _native.ShortCalls(self.host_memory.native if self.host_memory is not None else None,
                                           _weakly(self.agreement.report_mismatch), _weakly(self._host_failure)) \
             if quick and (self.host_memory is not None or size == 1) else None
         self._calls = Calls(rank, size, self.agreement, o.timeout, self.host_memory is not None, size == 1)
-        self.road = Road(paths.table(self), o.path)
+        self.road = Road(paths.table(self), o.path, quick, self._native, self.drain,
+                         self._timed if self._timer is not None or self._recorder is not None else None)
         self._origin = 0
         if self._recorder is not None:  # one time origin for every rank's track: right after a barrier (hosts'
             if mpi_comm is not None:    # clocks differ; loopback ranks are threads sharing one clock)
@@ -185,7 +185,7 @@ class Communicator(Planning, Submitting):
         for path in self.road.paths:
             if hasattr(path, "close"):
                 path.close()
-        self._native = self._quick = None  # (the native table holds the segment mapped)
+        self._native = self.road.native = self.road.quick = None  # (the native table holds the segment mapped)
         self._calls.forget()
         if self.host_memory is not None:
             self.host_memory.close()
@@ -283,11 +283,11 @@ class Communicator(Planning, Submitting):
                 got = self._native.allreduce(array, op, out)
                 if got is not None:
                     return got
-            return self._take("allreduce", op, array, out, self._calls.allreduce, array, op, out)
+            return self.road.take("allreduce", op, array, out, self._calls.allreduce, array, op, out)
         except MismatchError as e:
             if not beside_joined(e, self.rank, self.size):
                 raise
-            return self._take("allreduce", op, array, out, self._calls.allreduce, array, op, out)  # with zeros
+            return self.road.take("allreduce", op, array, out, self._calls.allreduce, array, op, out)  # with zeros
 
     def broadcast(self, array, root: int = 0, out: np.ndarray | None = None) -> np.ndarray:
         """A copy of root's array on every rank (any fixed-size dtype; every rank passes the same shape), or
@@ -297,7 +297,7 @@ class Communicator(Planning, Submitting):
             if got is not None:
                 return got
         # (a root of another type that equals a known one, 1.0 for 1, is described: it is refused there)
-        return self._take("broadcast", root if type(root) is int else repr(root), array, out,
+        return self.road.take("broadcast", root if type(root) is int else repr(root), array, out,
                           self._calls.broadcast, array, root, out)
 
     bcast = broadcast
@@ -314,7 +314,7 @@ class Communicator(Planning, Submitting):
                 lengths, text, h = got
                 uneven = self.road.named("host memory").uneven(array, lengths, out, text, h)
                 return gathered_into(uneven, out, self.rank)
-        return self._take("allgather", None, array, out, self._calls.allgather, array, out)
+        return self.road.take("allgather", None, array, out, self._calls.allgather, array, out)
 
     def reduce_scatter(self, array, op: str = "sum", out: np.ndarray | None = None,
                        counts=None) -> np.ndarray:
@@ -326,7 +326,7 @@ class Communicator(Planning, Submitting):
             got = self._native.reduce_scatter(array, op, out)
             if got is not None:
                 return got
-        return self._take("reduce_scatter", (op, None if counts is None else tuple(counts)), array, out,
+        return self.road.take("reduce_scatter", (op, None if counts is None else tuple(counts)), array, out,
                           self._calls.reduce_scatter, array, op, out, counts)
 
     def barrier(self) -> None:
@@ -334,7 +334,7 @@ class Communicator(Planning, Submitting):
         if self._native is not None and self._worker is None and self._native.barrier():  # known: run natively
             return None
         self.drain()
-        return self._run(self._calls.barrier())
+        return self.road.run(self._calls.barrier())
 
     def alltoall(self, array, send_rows=None, recv_rows=None) -> np.ndarray:
         """Rows ``send_rows[j]`` of ``array`` (in order; default: equal parts) go to rank j; returns the rows
@@ -342,31 +342,7 @@ class Communicator(Planning, Submitting):
         the caller knows (else one small allgather learns them). A pairwise exchange (ddl.schedule.alltoall):
         p - 1 rounds, in each one message out and one in per rank; only the destination's rows travel."""
         self.drain()
-        return self._run(self._calls.alltoall(array, send_rows, recv_rows))
-
-    def _take(self, collective: str, arg, array, out, describe, *args):
-        """The road: a known call of a plain C-contiguous array by its path's short form, else ``describe(*args)``
-        and the first path that takes it."""
-        if self._worker is not None:
-            self._worker.drain()
-        if self._quick is not None and type(array) is np.ndarray and array.flags.c_contiguous:
-            try:
-                hit = self._quick.get((collective, array.shape, array.dtype, arg))
-            except TypeError:  # (an op that cannot be a key: described, and refused there)
-                hit = None
-            if hit is not None and (out is None or fits(out, hit[1].shape, array.dtype)):
-                return hit[0].again(hit[1], array, out)
-        return self._run(describe(*args))
-
-    def _run(self, call):
-        path = self.road.choose(call)
-        if self._timer is None and self._recorder is None or call.collective != "allreduce" or call.device:
-            result = path.run(call)
-        else:
-            result = self._timed(path, call)
-        if call.problem is None and call.known.short and call.key:
-            self._remember(call, path)
-        return result
+        return self.road.run(self._calls.alltoall(array, send_rows, recv_rows))
 
     def _timed(self, path, call):
         """-dump_iter's and DDL_TIMELINE's allreduce: its time, and its executor runs as one call."""
@@ -380,15 +356,6 @@ class Communicator(Planning, Submitting):
         if self._timer:
             self._timer.add(time.perf_counter() - started, call.array.nbytes, timed)
         return result
-
-    def _remember(self, call, path) -> None:
-        """A valid call of a plain dtype, run: its next ones take the short form (natively where it can)."""
-        if self._native is not None and getattr(path, "native", False):
-            _teach(self._native, call)
-        if self._quick is not None and call.collective in getattr(path, "repeats", ()):
-            if len(self._quick) > KEPT:
-                self._quick.clear()
-            self._quick[call.key] = (path, call.known)
 
     def allreduce_n(self, arrays, op: str = "sum", average: bool | None = None) -> list[np.ndarray]:
         """Many arrays in one allreduce per dtype: packed into one buffer, reduced, unpacked (IBM's name;
@@ -435,21 +402,6 @@ def _weakly(method):
     """``method`` without a reference to its object (the native table must not keep the communicator alive)."""
     ref = weakref.WeakMethod(method)
     return lambda *args: ref()(*args)
-
-
-def _teach(native, call) -> None:
-    """ddl._native.ShortCalls learns a known call: later ones of its signature are found and run natively."""
-    k, a, collective = call.known, call.array, call.collective
-    if collective == "allreduce":
-        native.learn_allreduce(a.dtype, a.shape, call.op, k.prepared)
-    elif collective == "broadcast":
-        native.learn_broadcast(a.dtype, a.shape, call.root, k.prepared)
-    elif collective == "allgather":
-        native.learn_allgather(a.dtype, a.shape, k.shape, k.prepared)
-    elif collective == "reduce_scatter" and call.key[3][1] is None:  # (row counts given: Python's road)
-        native.learn_reduce_scatter(a.dtype, a.shape, call.op, k.shape, k.prepared)
-    elif collective == "barrier":
-        native.learn_barrier(k.prepared)
 
 
 def _mpi_spins() -> bool:
