@@ -288,9 +288,11 @@ def short_out(array: np.ndarray, out, shape: tuple) -> np.ndarray | None:
     return out if fits(out, shape, array.dtype) else None
 
 
-def into(result: np.ndarray, out) -> tuple[np.ndarray, bool]:
-    """(where a path writes its result: out when it is C-contiguous, else ``result``, whether that is out)."""
-    if out is not None and out.flags.c_contiguous:
+def into(result: np.ndarray, call: Call) -> tuple[np.ndarray, bool]:
+    """(where a path writes the call's result: its out when that is C-contiguous, else ``result``; whether that
+    is out). A refused call's out is never written: it may be why the call was refused."""
+    out = call.out
+    if out is not None and call.problem is None and out.flags.c_contiguous:
         return out, True
     return result, False
 

@@ -53,14 +53,14 @@ class HostMemory:
             # (a raw view of bfloat16 is seen as such again; any other result is out itself where it landed there)
             return gathered_into(result if result.dtype == a.dtype else result.view(a.dtype), out, comm.rank)
         if call.collective == "broadcast":
-            dst, direct = into(np.empty(a.shape, a.dtype), out)
+            dst, direct = into(np.empty(a.shape, a.dtype), call)
             if comm.rank == call.root and dst is not a:  # only root's data travels: the others just receive
                 np.copyto(dst, a.copy() if np.may_share_memory(dst, a) else a)
             with comm.lock:
                 comm.on_host(native.broadcast, raw(dst), call.root, call.known.hash, comm.options.timeout, text,
                              text=text)
             return deliver(dst, out, direct)
-        dst, direct = into(np.empty(call.known.shape, a.dtype), out)
+        dst, direct = into(np.empty(call.known.shape, a.dtype), call)
         with comm.lock:
             if call.collective == "allreduce":  # (an input that overlaps out is copied first)
                 src = a if a.flags.c_contiguous and (out is None or out is a or not np.may_share_memory(a, out)) \

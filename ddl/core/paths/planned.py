@@ -75,7 +75,7 @@ class Planned:
 
     def _broadcast(self, call) -> np.ndarray:
         comm, a, out = self.comm, call.array, call.out
-        result, direct = into(np.empty(a.shape, a.dtype), out)
+        result, direct = into(np.empty(a.shape, a.dtype), call)
         if comm.rank == call.root and result is not a:  # only root's data travels: the others just receive
             np.copyto(result, a.copy() if np.may_share_memory(result, a) else a)
         data = result.reshape(-1).view(np.uint8) if not a.dtype.hasobject else np.empty(0, np.uint8)
@@ -127,7 +127,7 @@ class Planned:
 
     def _reduce_scatter(self, call) -> np.ndarray:
         comm, k, a, out = self.comm, call.known, call.array, call.out
-        dst, direct = into(np.empty(k.shape, a.dtype), out)
+        dst, direct = into(np.empty(k.shape, a.dtype), call)
         row = math.prod(a.shape[1:]) if a.ndim else 0
         with comm.lock:
             comm.agree(k.text, call.problem)  # (slow links carry only this rank's share, reduced below them)

@@ -108,7 +108,7 @@ class Riding:
             fused = k.kept["fused"] = (self.agreement.plan(a.size), self.agreement.options(k.text, k.dtype, k.op,
                                                                                            factor=k.factor))
         src = a if a.flags.c_contiguous else np.ascontiguousarray(a)
-        dst, direct = into(np.empty(a.shape, a.dtype), out)
+        dst, direct = into(np.empty(a.shape, a.dtype), call)
         with self.comm.lock:
             if not self.comm.execute(fused[0], raw(src), fused[1], raw(dst)):
                 self.agreement.report_mismatch(k.text)
@@ -116,7 +116,7 @@ class Riding:
 
     def _broadcast(self, call) -> np.ndarray:
         comm, k, a, out = self.comm, call.known, call.array, call.out
-        result, direct = into(np.empty(a.shape, a.dtype), out)
+        result, direct = into(np.empty(a.shape, a.dtype), call)
         if comm.rank == call.root and result is not a:  # only root's data travels
             np.copyto(result, a.copy() if np.may_share_memory(result, a) else a)
         if call.problem is None and k.short:  # root's bytes, zeros elsewhere, summed
