@@ -231,7 +231,8 @@ def barrier() -> None:
 
 def explain(nbytes: int, collective: str = "allreduce"):
     """What an allreduce of ``nbytes`` bytes would do: levels, groups, algorithms, bytes per link, predicted
-    time against the topology's lower bound. ``print(ddl.explain(64 << 20))``; ``.to_dict()`` for JSON."""
+    time against the topology's lower bound, and the path a call of ``collective`` moving that many bytes takes
+    and why (``.path``). ``print(ddl.explain(64 << 20))``; ``.to_dict()`` for JSON."""
     return communicator().explain(nbytes, collective)
 
 

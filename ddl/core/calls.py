@@ -280,14 +280,6 @@ def fits(out, shape: tuple, dtype) -> bool:
         and out.flags.writeable
 
 
-def short_out(array: np.ndarray, out, shape: tuple) -> np.ndarray | None:
-    """Where a known call's short form writes its result of ``shape``: a new array, ``out`` (``array`` itself,
-    in place, included), or None where out needs the described call."""
-    if out is None:
-        return np.empty(shape, array.dtype)
-    return out if fits(out, shape, array.dtype) else None
-
-
 def into(result: np.ndarray, call: Call) -> tuple[np.ndarray, bool]:
     """(where a path writes the call's result: its out when that is C-contiguous, else ``result``; whether that
     is out). A refused call's out is never written: it may be why the call was refused."""

@@ -82,8 +82,8 @@ class Communicator(Planning, Submitting):
         self.failure: RankFailure | None = None  # the rank failure that broke this communicator, if one did
         # every native run, kept in a small ring and written out when one fails (ddl.core.flight)
         runs = flight.runs_kept()
-        self._flight = flight.FlightRecorder(executor, rank, size, [lv.name for lv in self.levels], runs,
-                                             failures.world_ranks(mpi_comm)) if executor is not None and runs > 0 else None
+        self._flight = None if executor is None or runs <= 0 else flight.FlightRecorder(
+            executor, rank, size, [lv.name for lv in self.levels], runs, failures.world_ranks(mpi_comm))
         if self._flight is not None and flight.folder():
             flight.install_signal_handler()  # kill -USR1 writes it too
         self.scratch = Scratch(SCRATCH_KEPT)  # the staging buffers of planned allgathers and reduce-scatters

@@ -383,3 +383,24 @@ def test_asynchronous_calls_in_submission_order():
     handles = [ddl.allreduce_async(np.full(1000, RANK + i, np.int64)) for i in range(5)]
     for i, h in enumerate(handles):
         np.testing.assert_array_equal(h.wait(), np.full(1000, sum(range(SIZE)) + SIZE * i))
+
+
+@pytest.mark.parametrize("forced", ["planned", "riding"])
+def test_the_road_takes_host_memory_and_a_forced_path_gives_the_same_answers(forced):
+    world = ddl.communicator()
+    assert [name for name, why in world.route("allreduce", 8) if why][0] == "host memory"
+    comm = Communicator.from_mpi(COMM, replace(world.options, path=forced))
+    try:
+        assert comm.host_level  # the level is there; the forced path goes first for what it takes
+        n = 1000 if forced == "riding" else MANY_STEPS // 8  # (riding takes only what fits its round)
+        assert [name for name, why in comm.route("allreduce", 8 * n) if why][0] == forced
+        for _ in range(2):  # the second call of each signature: the forced path's short form, not the segment's
+            np.testing.assert_array_equal(comm.allreduce(values(RANK, n)), total(n))
+            np.testing.assert_array_equal(comm.broadcast(values(RANK, n), SIZE - 1), values(SIZE - 1, n))
+            np.testing.assert_array_equal(comm.allgather(values(RANK, n).reshape(1, -1)),
+                                          np.stack([values(r, n) for r in range(SIZE)]))
+            np.testing.assert_array_equal(comm.reduce_scatter(values(RANK, n * SIZE), "sum"),
+                                          np.array_split(total(n * SIZE), SIZE)[RANK])
+        comm.barrier()
+    finally:
+        comm.close()

@@ -94,7 +94,8 @@ class HostMemory:
         """One step learns every rank's length and, when all are equal (the usual case), already carries the
         first piece into ``dst``; uneven rows take a second call with their layout, into ``out`` where it has
         their shape."""
-        lengths = self.comm.on_host(self.comm.host_memory.native.allgather_equal, src, dst, known.prepared, text=known.text)
+        native = self.comm.host_memory.native
+        lengths = self.comm.on_host(native.allgather_equal, src, dst, known.prepared, text=known.text)
         return dst if lengths is True else self.uneven(src, lengths, out, known.text, known.hash)
 
     def uneven(self, src: np.ndarray, lengths: list[int], out, text: str, h: int) -> np.ndarray:
@@ -106,7 +107,7 @@ class HostMemory:
         direct = out is not None and out.flags.c_contiguous and out.shape == shape
         result = raw(out) if direct else np.empty(shape, src.dtype)
         offsets = np.cumsum([0] + lengths[:-1]).tolist()
-        comm.on_host(comm.host_memory.native.allgather, src.reshape(-1).view(np.uint8), result.reshape(-1).view(np.uint8),
-                     offsets, lengths, h, comm.options.timeout, text, text=text)
+        comm.on_host(comm.host_memory.native.allgather, src.reshape(-1).view(np.uint8),
+                     result.reshape(-1).view(np.uint8), offsets, lengths, h, comm.options.timeout, text, text=text)
         return result
 

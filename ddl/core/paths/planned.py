@@ -93,7 +93,8 @@ class Planned:
         per_level = len(comm.grid.sizes) > 1
         if comm.size > 2 and nbytes >= CHAIN_FROM:
             return compile_blocks(lambda n: chain_program(comm.rank, comm.grid, n, root), nbytes,
-                                  o.segment or CHAIN_BLOCK, o.inflight or 4, "chain per level" if per_level else "chain")
+                                  o.segment or CHAIN_BLOCK, o.inflight or 4,
+                                  "chain per level" if per_level else "chain")
         return compile_blocks(lambda n: broadcast_program(comm.rank, comm.grid, n, root), nbytes,
                               o.segment or comm.block_bytes(nbytes), o.inflight or 2,
                               "binomial per level" if per_level else "binomial")
