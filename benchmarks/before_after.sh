@@ -6,7 +6,9 @@
 #   benchmarks/before_after.sh REV ROUNDS OUTDIR benchmarks/small_path.py --np 2 --repeats 7
 #
 # Each run's table goes to OUTDIR/{before,after}-<round>.md (the command's own --out is not needed). The script
-# path is taken relative to each tree, so each build runs its own version of the benchmark.
+# path is taken relative to each tree, so each build runs its own version of the benchmark; SCRIPT_FROM=here runs
+# this checkout's on both (for a benchmark the earlier revision's version cannot run the same way: its emulated
+# clusters' ranks would not see PYTHONPATH, and would import this checkout).
 set -euo pipefail
 rev=$1 rounds=$2 outdir=$3; shift 3
 script=$1; shift
@@ -20,7 +22,8 @@ mkdir -p "$outdir"
 for round in $(seq 1 "$rounds"); do
   for side in before after; do
     tree=$here; [ "$side" = before ] && tree=$old
-    (cd /tmp && PYTHONPATH="$tree" "$py" "$tree/$script" "$@" > "$outdir/$side-$round.md")
+    from=$tree; [ "${SCRIPT_FROM:-}" = here ] && from=$here
+    (cd /tmp && PYTHONPATH="$tree" "$py" "$from/$script" "$@" > "$outdir/$side-$round.md")
     echo "round $round: $side done"
   done
 done

@@ -94,8 +94,10 @@ def on_cluster(name: str, repeats: int) -> tuple[dict, int, str]:
 
     t = emulate.topology(name)
     with Cluster(t) as cluster:
+        # (a PYTHONPATH of the caller's reaches the ranks: benchmarks/before_after.sh runs an earlier build so)
+        forward = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else None
         done = cluster.mpirun([sys.executable, os.path.abspath(__file__), "--worker", "--repeats", str(repeats)],
-                              timeout=3000, quiet=True, capture=True)
+                              env=forward, timeout=3000, quiet=True, capture=True)
     if done.returncode:
         raise RuntimeError(f"{name}: the job failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     results = json.loads(done.stdout.strip().splitlines()[-1])
