@@ -30,7 +30,8 @@ def worker(repeats: int, sizes: tuple[int, ...] = SIZES) -> dict:
 
     comm = MPI.COMM_WORLD
     ddl.init(comm)
-    out = {"host_level": ddl.communicator().host_level, "sizes": list(sizes)}
+    out = {"host_level": ddl.communicator().host_level, "sizes": list(sizes),
+           "ddl": os.path.dirname(ddl.__file__)}  # (which build the ranks ran)
     for collective in COLLECTIVES:
         runners = {a: Runner(a, comm, collective) for a in ("ddl", "mpi")}
         for nbytes in sizes:
@@ -125,6 +126,7 @@ def main() -> int:
     parts = []
     for name in args.topologies.split(",") if args.topologies else ():
         results, n, where = on_cluster(name, args.repeats)
+        print(f"{name}: the ranks ran ddl from {results.get('ddl')}", file=sys.stderr)
         parts.append(table(results, n, where))
         print(parts[-1], flush=True)
     for n in args.ranks if not args.topologies else ():
