@@ -54,7 +54,7 @@ def worker(repeats: int) -> dict:
         native = {
             "allreduce": lambda c=known[("allreduce", x.shape, x.dtype, "sum")].prepared: seg.allreduce(x, x, c),
             "broadcast": lambda c=known[("broadcast", x.shape, x.dtype, 0)].prepared: seg.broadcast(x, 0, c),
-            "allgather": lambda c=known[("allgather", x.shape, x.dtype)].prepared: seg.allgather_equal(x, g, c),
+            "allgather": lambda c=known[("allgather", x.shape, x.dtype, None)].prepared: seg.allgather_equal(x, g, c),
             "reduce_scatter": lambda c=known[("reduce_scatter", whole.shape, whole.dtype, ("sum", None))].prepared:
                 seg.reduce_scatter(whole, part, c),
             "barrier": lambda c=known[("barrier",)].prepared: seg.barrier(c),

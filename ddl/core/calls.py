@@ -144,7 +144,7 @@ class Calls:
         if devices.is_device_array(array):
             return self._device("allgather", array, out)
         a = np.asarray(array)
-        key = ("allgather", a.shape, a.dtype)
+        key = ("allgather", a.shape, a.dtype, None)  # (keys are alike: the road looks known calls up by them)
 
         def make() -> Known:
             problem = unmovable(a, "allgather")

@@ -146,3 +146,33 @@ def test_a_new_path_is_one_entry_in_the_table():
     assert taken(comm.route("allreduce", 28)) == "echo" and taken(comm.route("allreduce", 32)) == "alone"
     np.testing.assert_array_equal(comm.allreduce(np.arange(7.0)), np.arange(7.0))
     assert comm.broadcast(np.arange(7.0)).tolist() == list(np.arange(7.0))  # (it serves allreduce only)
+
+
+@pytest.mark.parametrize("p", [1, 3])
+def test_a_known_call_is_described_once_and_then_takes_its_short_form(p):
+    """Off the host level (loopback ranks) every small collective's second call takes its path's short form: the
+    call is not described again (each rank counts its descriptions), and the answers stay numpy's."""
+    def body(c):
+        described = []
+        for name in ("allreduce", "broadcast", "allgather", "reduce_scatter"):
+            real = getattr(c._calls, name)
+            setattr(c._calls, name, lambda *args, real=real, name=name: described.append(name) or real(*args))
+        got = []
+        for _ in range(3):
+            x = np.arange(6.0) + c.rank
+            out = np.empty(6)
+            got.append((c.allreduce(x, out=out).copy(), c.broadcast(x, 0).copy(), c.allgather(x),
+                        c.reduce_scatter(x), c.allreduce(x, "max")))
+        return described, got
+
+    results, errors = spawn(p, body)
+    assert errors == [None] * p, errors
+    for r, (described, got) in enumerate(results):
+        # one per signature (allreduce twice: sum and max), whatever the number of calls
+        assert sorted(described) == ["allgather", "allreduce", "allreduce", "broadcast", "reduce_scatter"], described
+        for total, root, gathered, part, biggest in got:
+            np.testing.assert_array_equal(total, np.arange(6.0) * p + p * (p - 1) / 2)
+            np.testing.assert_array_equal(root, np.arange(6.0))
+            np.testing.assert_array_equal(gathered, np.concatenate([np.arange(6.0) + q for q in range(p)]))
+            np.testing.assert_array_equal(part, np.array_split(np.arange(6.0) * p + p * (p - 1) / 2, p)[r])
+            np.testing.assert_array_equal(biggest, np.arange(6.0) + p - 1)

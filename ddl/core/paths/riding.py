@@ -30,7 +30,7 @@ _KEPT = 1024
 class Riding:
     name = "riding"
     serves = frozenset(("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier"))
-    repeats = frozenset(("broadcast", "allgather", "reduce_scatter"))  # known calls: their Ride again
+    repeats = frozenset(("allreduce", "broadcast", "allgather", "reduce_scatter"))  # known calls: their round again
 
     def __init__(self, comm, planned):
         self.comm, self.planned = comm, planned
@@ -88,6 +88,8 @@ class Riding:
         return getattr(self, "_" + call.collective)(call)
 
     def again(self, known, array: np.ndarray, out):
+        if known.collective == "allreduce":
+            return self._reduce(known, array, np.empty(array.shape, array.dtype) if out is None else out)
         ride = known.kept["ride"]
         if known.collective == "broadcast":
             return self._broadcast_ride(ride, array, np.empty(array.shape, array.dtype) if out is None else out)
@@ -102,17 +104,21 @@ class Riding:
             self.agreement.agree(call.text, None)
 
     def _allreduce(self, call) -> np.ndarray:
-        k, a, out = call.known, call.array, call.out
-        fused = k.kept.get("fused")
-        if fused is None:
-            fused = k.kept["fused"] = (self.agreement.plan(a.size), self.agreement.options(k.text, k.dtype, k.op,
-                                                                                           factor=k.factor))
-        src = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+        a = call.array
         dst, direct = into(np.empty(a.shape, a.dtype), call)
+        self._reduce(call.known, a if a.flags.c_contiguous else np.ascontiguousarray(a), dst)
+        return deliver(dst, call.out, direct)
+
+    def _reduce(self, known, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """The payload reduced in the round (the executor copies ``src`` in, ``dst`` may be ``src``)."""
+        fused = known.kept.get("fused")
+        if fused is None:
+            fused = known.kept["fused"] = (self.agreement.plan(src.size), self.agreement.options(
+                known.text, known.dtype, known.op, factor=known.factor))
         with self.comm.lock:
             if not self.comm.execute(fused[0], raw(src), fused[1], raw(dst)):
-                self.agreement.report_mismatch(k.text)
-        return deliver(dst, out, direct)
+                self.agreement.report_mismatch(known.text)
+        return dst
 
     def _broadcast(self, call) -> np.ndarray:
         comm, k, a, out = self.comm, call.known, call.array, call.out
