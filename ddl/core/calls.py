@@ -62,10 +62,6 @@ class Call:
     def text(self) -> str:
         return self.known.text
 
-    @property
-    def nbytes(self) -> int:
-        return self.array.nbytes if self.array is not None else 0
-
 
 class Calls:
     """One communicator's call descriptions: the rules, and the signatures met so far."""
@@ -289,6 +285,30 @@ def into(result: np.ndarray, call: Call) -> tuple[np.ndarray, bool]:
     return result, False
 
 
+def broadcast_buffer(call: Call, rank: int) -> tuple[np.ndarray, bool]:
+    """(where a broadcast's result lands, whether that is out), root's data already in it: only root's data
+    travels, the others just receive."""
+    a = call.array
+    result, direct = into(np.empty(a.shape, a.dtype), call)
+    if rank == call.root and result is not a:
+        copy_in(result, a)
+    return result, direct
+
+
+def gather_counts(call: Call, size: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """An allgather's (every rank's row count, zeros but this rank's; this rank's bytes, none when refused)."""
+    a = call.array
+    rows = np.zeros(size, dtype=np.int64)
+    rows[rank] = a.shape[0] if a.ndim else 0
+    mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8) if call.problem is None else np.empty(0, np.uint8)
+    return rows, mine
+
+
+def copy_in(dst: np.ndarray, a: np.ndarray) -> None:
+    """``a`` into ``dst``, through a temporary where the two may overlap."""
+    np.copyto(dst, a.copy() if np.may_share_memory(dst, a) else a)
+
+
 def deliver(result: np.ndarray, out, in_out: bool) -> np.ndarray:
     """What the call returns: ``result``, or ``out`` (filled from result unless result is out's memory)."""
     if out is None:
@@ -321,7 +341,7 @@ def work_buffer(a: np.ndarray, out) -> tuple[np.ndarray, bool]:
     """(the flat buffer a reduction runs on in place, whether it is out's memory): out itself when it can be,
     else a fresh C-ordered copy."""
     if out is not None and out.flags.c_contiguous:
-        if out is not a:  # copy through a temporary when the two may overlap
-            np.copyto(out, a.copy() if np.may_share_memory(out, a) else a)
+        if out is not a:
+            copy_in(out, a)
         return out.reshape(-1), True
     return np.array(a, order="C").reshape(-1), False

@@ -3,12 +3,13 @@ serves it.
 
 A path is a module of ddl.core.paths (or ddl.gpu's device path) with one class: ``name`` (as ddl.explain and
 DDL_PATH say it), ``serves`` (the collectives it provides), ``takes(call)`` (why it takes this call, or None)
-and ``run(call)``; a path whose calls repeat cheaply also has ``again(known, array, out, dst)``, the short form
-of a known call. The communicator builds its table when it is made (and again after an elastic shrink, which
-makes a new communicator): per collective, the paths that provide it, in the table's order. Which path serves a
-call is data — the order, and each path's reason — as Open MPI's coll framework fills a communicator's table
-from its components and MPICH's selection reads a decision tree, so adding an algorithm or a transport is a
-new path, not a new rung in every collective's ladder.
+and ``run(call)``; a path whose calls repeat cheaply also has ``again(known, array, out)``, the short form of
+a known call (``repeats``: its collectives that do; ``native``: ddl._native.ShortCalls can run them too).
+The communicator builds its table when it is made (and again after an elastic shrink, which makes a new
+communicator): per collective, the paths that provide it, in the table's order. Which path serves a call is
+data — the order, and each path's reason — as Open MPI's coll framework fills a communicator's table from its
+components and MPICH's selection reads a decision tree, so adding an algorithm or a transport is a new path,
+not a new rung in every collective's ladder.
 """
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ class Road:
         if forced is not None and forced not in names:
             raise DDLError(f"DDL_PATH {forced!r} is not a path here; the paths are {', '.join(names)}")
         self.paths = paths
-        self.forced = forced
         self.table = {c: tuple(p for p in paths if c in p.serves) for c in COLLECTIVES}
         # a forced path goes first for what it serves, after those no other can stand in for (GPU arrays, one
         # rank); whatever it does not take follows the usual order

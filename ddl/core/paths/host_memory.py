@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from .. import host
-from ..calls import deliver, gathered_into, into
+from ..calls import broadcast_buffer, deliver, gathered_into, into
 from ..dtypes import raw
 
 
@@ -53,9 +53,7 @@ class HostMemory:
             # (a raw view of bfloat16 is seen as such again; any other result is out itself where it landed there)
             return gathered_into(result if result.dtype == a.dtype else result.view(a.dtype), out, comm.rank)
         if call.collective == "broadcast":
-            dst, direct = into(np.empty(a.shape, a.dtype), call)
-            if comm.rank == call.root and dst is not a:  # only root's data travels: the others just receive
-                np.copyto(dst, a.copy() if np.may_share_memory(dst, a) else a)
+            dst, direct = broadcast_buffer(call, comm.rank)
             with comm.lock:
                 comm.on_host(native.broadcast, raw(dst), call.root, call.known.hash, comm.options.timeout, text,
                              text=text)

@@ -18,7 +18,7 @@ from ...planner.per_level import broadcast_program, chain_program
 from ...schedule.alltoall import pairwise_exchange
 from ...schedule.compile import CompiledPipeline, compile_blocks
 from ...errors import DDLError
-from ..calls import deliver, gathered_into, into, work_buffer
+from ..calls import broadcast_buffer, deliver, gather_counts, gathered_into, into, work_buffer
 from ..diagnostics import check_against_mpi
 from ..dtypes import raw
 
@@ -75,9 +75,7 @@ class Planned:
 
     def _broadcast(self, call) -> np.ndarray:
         comm, a, out = self.comm, call.array, call.out
-        result, direct = into(np.empty(a.shape, a.dtype), call)
-        if comm.rank == call.root and result is not a:  # only root's data travels: the others just receive
-            np.copyto(result, a.copy() if np.may_share_memory(result, a) else a)
+        result, direct = broadcast_buffer(call, comm.rank)
         data = result.reshape(-1).view(np.uint8) if not a.dtype.hasobject else np.empty(0, np.uint8)
         with comm.lock:
             comm.agree(call.text, call.problem)
@@ -101,9 +99,7 @@ class Planned:
 
     def _allgather(self, call) -> np.ndarray:
         comm, a = self.comm, call.array
-        rows = np.zeros(comm.size, dtype=np.int64)
-        rows[comm.rank] = a.shape[0] if a.ndim else 0
-        mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8) if call.problem is None else np.empty(0, np.uint8)
+        rows, mine = gather_counts(call, comm.size, comm.rank)
         with comm.lock:
             if rows.nbytes <= comm.small_bytes:
                 comm.agree(call.text, call.problem, rows, _native.DType.int64, _SUM)

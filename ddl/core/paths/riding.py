@@ -19,7 +19,7 @@ import numpy as np
 from ... import _native
 from ...planner import Shape, latency_phases, pipelined, predict
 from .. import rides
-from ..calls import answer_into, deliver, gathered_into, into
+from ..calls import answer_into, broadcast_buffer, deliver, gather_counts, gathered_into, into
 from ..dtypes import raw
 
 _WORDS = _native.DType.int64
@@ -122,9 +122,7 @@ class Riding:
 
     def _broadcast(self, call) -> np.ndarray:
         comm, k, a, out = self.comm, call.known, call.array, call.out
-        result, direct = into(np.empty(a.shape, a.dtype), call)
-        if comm.rank == call.root and result is not a:  # only root's data travels
-            np.copyto(result, a.copy() if np.may_share_memory(result, a) else a)
+        result, direct = broadcast_buffer(call, comm.rank)
         if call.problem is None and k.short:  # root's bytes, zeros elsewhere, summed
             ride = self._ride(k, lambda: rides.broadcast(
                 k.text, self.agreement.plan(-(-a.nbytes // 8)), self.agreement.options(k.text, _WORDS, _SUM),
@@ -151,9 +149,7 @@ class Riding:
                                  comm.rank)
         # One round: the row counts and every rank's bytes in its slot (zeros elsewhere, summed as bytes), sized as
         # if all ranks had this rank's rows; uneven rows then take their planned allgather.
-        rows = np.zeros(comm.size, dtype=np.int64)
-        rows[comm.rank] = a.shape[0] if a.ndim else 0
-        mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8) if call.problem is None else np.empty(0, np.uint8)
+        rows, mine = gather_counts(call, comm.size, comm.rank)
         words, work = rides.words(rows.nbytes + comm.size * mine.size)
         work[:rows.nbytes] = rows.view(np.uint8)
         at = rows.nbytes + comm.rank * mine.size
