@@ -17,7 +17,7 @@ from mpi4py import MPI
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "horovod"))
 import resnet  # noqa: E402  (torchvision's ResNet-18, built here)
 
-from ddl.tools.measure import init_gloo  # noqa: E402
+from ddl.tools.measure import init_torch  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--peer", choices=("ddp-gloo", "compute"), required=True)
@@ -33,7 +33,7 @@ comm = MPI.COMM_WORLD
 torch.manual_seed(args.seed)
 model = resnet.resnet18()
 if args.peer == "ddp-gloo":
-    init_gloo(comm)
+    init_torch(comm)
     model = torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's parameters
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * comm.size)
 torch.manual_seed(args.seed + comm.rank)

@@ -1,21 +1,28 @@
-"""Allreduce of GPU arrays against the host path, side by side in one run, with the copy bandwidths beside.
+"""Allreduce of GPU arrays against NCCL alone and the host path, side by side in one run, with the copy
+bandwidths beside.
 
     python benchmarks/device_allreduce.py                 # 4 ranks on this host's GPU(s), self-launched
     python benchmarks/device_allreduce.py --np 2 --out benchmarks/results/device.md
 
-Per size, in rotating order, median over repeats: ddl.allreduce of a torch CUDA tensor with every level over
-MPI (DDL_NCCL_LEVELS=0: staged through pinned memory, each rank its own node — what one shared GPU allows),
-the same with NCCL groups of two ranks (pairs share a GPU as separate NCCL hosts, NCCL_HOSTID), and
-ddl.allreduce of a numpy array of the same bytes (the host path, no staging). The staging overhead is the
-device time over the host time. Copy bandwidths: pinned device->host and host->device of the same bytes
-(torch, timed with CUDA events). algbw/busbw in nccl-tests' units; the cost model's lower bound beside.
+Per size, in rotating order, median over repeats (a sample of a small size is the mean of a burst of calls):
+ddl.allreduce of a torch CUDA tensor as a user gets it (one host: one NCCL group of every rank), the same with
+every level over MPI (DDL_NCCL_LEVELS=0: staged through pinned memory, each rank its own node) and with NCCL
+groups of two ranks (4+ ranks: pairs, MPI between them), torch.distributed's "nccl" allreduce of the same
+tensor (NCCL alone: the peer), and ddl.allreduce of a numpy array of the same bytes (the host path). Ranks that
+share a GPU are separate NCCL hosts (NCCL_HOSTID); run under CUDA MPS for their kernels to run together
+(DDL_BENCH_MPS=1 says so in the table). Copy bandwidths: pinned device->host and host->device (CUDA events).
+algbw/busbw in nccl-tests' units; the cost model's lower bound beside.
 """
 import os
 import statistics
 import sys
 import time
 
-SIZES = [1 << 20, 16 << 20, 64 << 20, 256 << 20]
+SIZES = [8, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+BURST_BELOW = 1 << 20  # sizes under this are timed as bursts of BURST calls
+BURST = 20
+NCCL = "NCCL alone (torch nccl)"
+HOST = "host path (numpy)"
 
 
 def copy_bandwidth(torch, nbytes: int, repeats: int) -> tuple[float, float]:
@@ -39,12 +46,18 @@ def copy_bandwidth(torch, nbytes: int, repeats: int) -> tuple[float, float]:
 def worker(repeats: int) -> dict:
     import numpy as np
     import torch
+    import torch.distributed as dist
     from mpi4py import MPI
 
     from ddl.core.communicator import Communicator
+    from ddl.tools.measure import init_torch
 
     os.environ.setdefault("NCCL_HOSTID", f"ddl-bench-rank{MPI.COMM_WORLD.rank}")
     size = MPI.COMM_WORLD.size
+    torch.cuda.set_device(0)
+    init_torch(MPI.COMM_WORLD, "nccl")
+    os.environ["DDL_NCCL_LEVELS"] = "auto"
+    default = Communicator.from_mpi(MPI.COMM_WORLD)
     os.environ["DDL_NCCL_LEVELS"] = "0"
     staged = Communicator.from_mpi(MPI.COMM_WORLD)
     pairs = None
@@ -53,15 +66,19 @@ def worker(repeats: int) -> dict:
         pairs = Communicator.from_mpi(MPI.COMM_WORLD, hierarchy=[[i, i + 1] for i in range(0, size, 2)])
     rows = []
     for nbytes in SIZES:
-        x = torch.full((nbytes // 4,), 1.0, device="cuda")
-        h = np.ones(nbytes // 4, np.float32)
-        cases = {"device, MPI levels (staged)": lambda: staged.allreduce(x, out=x),
-                 "host path (numpy)": lambda: staged.allreduce(h, out=h)}
+        count = max(1, nbytes // 4)
+        x = torch.full((count,), 1.0, device="cuda")
+        h = np.ones(count, np.float32)
+        cases = {"ddl (one NCCL group)": lambda: default.allreduce(x, out=x),
+                 "ddl, MPI levels (staged)": lambda: staged.allreduce(x, out=x),
+                 NCCL: lambda: dist.all_reduce(x),
+                 HOST: lambda: staged.allreduce(h, out=h)}
         if pairs is not None:
-            cases["device, NCCL pairs + MPI"] = lambda: pairs.allreduce(x, out=x)
+            cases["ddl, NCCL pairs + MPI"] = lambda: pairs.allreduce(x, out=x)
         for run in cases.values():
             run()
         torch.cuda.synchronize()
+        burst = BURST if nbytes < BURST_BELOW else 1
         samples = {k: [] for k in cases}
         names = list(cases)
         for r in range(repeats):
@@ -71,33 +88,40 @@ def worker(repeats: int) -> dict:
                 torch.cuda.synchronize()
                 staged.barrier()
                 start = time.perf_counter()
-                cases[k]()
+                for _ in range(burst):
+                    cases[k]()
                 torch.cuda.synchronize()
-                samples[k].append(time.perf_counter() - start)
-                got = float(x[-1]) if k.startswith("device") else float(h[-1])
-                assert got == size, f"{k}: {got} != {size}"
-        d2h, h2d = copy_bandwidth(torch, nbytes, repeats)
+                samples[k].append((time.perf_counter() - start) / burst)
+                got = float(h[-1]) if k == HOST else float(x[-1])
+                want = float(size) ** burst  # (float32 rounds it where size is no power of two)
+                assert abs(got - want) <= 1e-5 * want, f"{k}: {got} != {want}"
+        d2h, h2d = copy_bandwidth(torch, max(nbytes, 4), repeats)
         bound = staged.explain(nbytes).to_dict()["lower_bound_seconds"]
         rows.append({"bytes": nbytes, "seconds": {k: statistics.median(v) for k, v in samples.items()},
                      "d2h_GBps": d2h, "h2d_GBps": h2d, "bound_seconds": bound})
-    return {"ranks": size, "gpu": torch.cuda.get_device_name(), "rows": rows}
+    dist.destroy_process_group()
+    return {"ranks": size, "gpu": torch.cuda.get_device_name(), "mps": os.environ.get("DDL_BENCH_MPS") == "1",
+            "rows": rows}
 
 
 def report(results: dict) -> str:
     from ddl.tools.measure import bandwidth
 
     n = results["ranks"]
-    lines = [f"# Device allreduce against the host path ({n} ranks sharing {results['gpu']})", "",
-             "Median over repeats; algbw/busbw in GB/s (nccl-tests' units); staging overhead = device time / "
-             "host time; copies pinned, one direction at a time.", "",
-             "| bytes | case | time (us) | algbw | busbw | x host path | bound (us) | D2H GB/s | H2D GB/s |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    mps = "under CUDA MPS" if results.get("mps") else "without CUDA MPS (time-sliced)"
+    lines = [f"# Device allreduce against NCCL alone and the host path ({n} ranks sharing {results['gpu']}, "
+             f"{mps})", "",
+             "Median over repeats; algbw/busbw in GB/s (nccl-tests' units); x NCCL = time / NCCL alone's time; "
+             "x host = time / the host path's; copies pinned, one direction at a time.", "",
+             "| bytes | case | time (us) | algbw | busbw | x NCCL | x host | bound (us) | D2H GB/s | H2D GB/s |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in results["rows"]:
-        host = row["seconds"]["host path (numpy)"]
+        host, nccl = row["seconds"][HOST], row["seconds"][NCCL]
         for k, s in row["seconds"].items():
             alg, bus = bandwidth(row["bytes"], s * 1e6, n)
-            lines.append(f"| {row['bytes']} | {k} | {s * 1e6:.0f} | {alg:.2f} | {bus:.2f} | {s / host:.2f} | "
-                         f"{row['bound_seconds'] * 1e6:.0f} | {row['d2h_GBps']:.1f} | {row['h2d_GBps']:.1f} |")
+            lines.append(f"| {row['bytes']} | {k} | {s * 1e6:.0f} | {alg:.2f} | {bus:.2f} | {s / nccl:.2f} | "
+                         f"{s / host:.2f} | {row['bound_seconds'] * 1e6:.0f} | {row['d2h_GBps']:.1f} | "
+                         f"{row['h2d_GBps']:.1f} |")
     return "\n".join(lines)
 
 

@@ -38,11 +38,11 @@ def main() -> int:
 
     import ddl
     import ddl.torch as dt
-    from ddl.tools.measure import init_gloo
+    from ddl.tools.measure import init_torch
 
     comm = MPI.COMM_WORLD
     ddl.init()
-    init_gloo(comm)  # the default group: gloo; ddl's groups beside it
+    init_torch(comm)  # the default group: gloo; ddl's groups beside it
     ddl_world = dist.new_group(backend="ddl")
     share = args.compute_ms / 1e3 / args.layers
 

@@ -48,11 +48,11 @@ def main() -> int:
 
     import ddl
     import ddl.torch as dt
-    from ddl.tools.measure import init_gloo
+    from ddl.tools.measure import init_torch
 
     comm = MPI.COMM_WORLD
     ddl.init()
-    init_gloo(comm)  # the default group: gloo; ddl's is a group over every rank
+    init_torch(comm)  # the default group: gloo; ddl's is a group over every rank
     ddl_group = dist.new_group(backend="ddl")
     sizes = [max(1, int(n * args.scale)) for n in resnet50_sizes()]
     total = sum(sizes)

@@ -158,7 +158,7 @@ class Calls:
 
     def reduce_scatter(self, array, op, out, counts) -> Call:
         if devices.is_device_array(array):
-            raise DDLError(f"rank {self.rank}: reduce_scatter takes host arrays (GPU arrays: allreduce)")
+            return self._device("reduce_scatter", array, out, op=op, counts=counts)
         a = np.asarray(array)
         split = None if counts is None else tuple(counts)
         key = ("reduce_scatter", a.shape, a.dtype, (op if isinstance(op, str) else repr(op), split))
@@ -172,14 +172,8 @@ class Calls:
             except DDLError as e:
                 problem = problem or str(e)
             length = a.shape[0] if a.ndim else 0
-            rows = split_rows(length, self.size)
-            if split is not None:
-                if len(split) != self.size or any(not isinstance(n, (int, np.integer)) or n < 0 for n in split) \
-                        or sum(split) != length:
-                    problem = problem or (f"reduce_scatter counts {list(split)} must be {self.size} row counts "
-                                          f"(one per rank, none negative) summing to the first dimension, {length}")
-                else:
-                    rows = [int(n) for n in split]
+            rows, wrong = self.rows_of(length, split)
+            problem = problem or wrong
             known = self._named("reduce_scatter", f"reduce_scatter(shape={a.shape}, dtype={a.dtype}, op={op}"
                                 f"{'' if split is None else f', counts={list(split)}'})", problem,
                                 (rows[self.rank],) + a.shape[1:], dtype=code, op=rop,
@@ -221,29 +215,61 @@ class Calls:
             "alltoall", f"alltoall(shape=(*, {', '.join(map(str, a.shape[1:]))}), dtype={a.dtype})", None, ()))
         return Call("alltoall", a, None, known, problem, send_rows=send_rows, recv_rows=recv_rows)
 
-    def _device(self, collective: str, array, out, op: str | None = None, root: int = 0) -> Call:
+    def rows_of(self, length: int, split) -> tuple[list[int], str | None]:
+        """A reduce-scatter's rows per rank (``split``, or as even as can be) and why ``split`` is wrong."""
+        rows = split_rows(length, self.size)
+        if split is None:
+            return rows, None
+        if len(split) != self.size or any(not isinstance(n, (int, np.integer)) or n < 0 for n in split) \
+                or sum(split) != length:
+            return rows, (f"reduce_scatter counts {list(split)} must be {self.size} row counts (one per rank, "
+                          f"none negative) summing to the first dimension, {length}")
+        return [int(n) for n in split], None
+
+    def _device(self, collective: str, array, out, op: str | None = None, root: int = 0, counts=None) -> Call:
         """A GPU array's call: the same rules through the device's view of it (ddl.gpu.arrays), the same
-        agreement. An unusable input still takes part, as its error."""
-        problem, a = None, None
+        agreement. An unusable input still takes part, as its error. ``out`` must be a GPU array of the result's
+        shape and dtype on the input's device (an allgather's first dimension is checked once every rank's rows
+        are known, in the agreement round)."""
+        problem, a, rows, split = None, None, (), None if counts is None else tuple(counts)
         try:
             a = devices.view(array, f"{collective} input")
-            if collective == "allreduce":
+            shape = a.shape
+            if collective in ("allreduce", "reduce_scatter"):
                 native_dtype_name(a.dtype), native_op_name(op, a.dtype)
-                if out is not None:
-                    dst = devices.view(out, "out") if devices.is_device_array(out) else None
-                    if dst is None or (dst.shape, dst.dtype, dst.device) != (a.shape, a.dtype, a.device):
-                        raise DDLError(f"out must be a GPU array of shape {a.shape}, dtype {a.dtype} on device "
-                                       f"{a.device}")
+            if collective in ("reduce_scatter", "allgather") and not a.shape:
+                raise DDLError(f"{collective} needs at least one dimension (it works along the first)")
+            if collective == "reduce_scatter":
+                rows, wrong = self.rows_of(a.shape[0], split)
+                if wrong:
+                    raise DDLError(wrong)
+                shape = (rows[self.rank],) + a.shape[1:]
+            if collective == "broadcast" and not (isinstance(root, (int, np.integer)) and 0 <= root < self.size):
+                raise DDLError(f"broadcast root {root!r} is not a rank of this communicator (0..{self.size - 1})")
+            if out is not None:
+                dst = devices.view(out, "out") if devices.is_device_array(out) else None
+                fit = dst is not None and (dst.dtype, dst.device) == (a.dtype, a.device) and (
+                    dst.shape[1:] == shape[1:] if collective == "allgather" else dst.shape == shape)
+                if not fit:
+                    first = "*" if collective == "allgather" else ", ".join(map(str, shape[:1]))
+                    raise DDLError(f"out must be a GPU array of shape ({', '.join([first, *map(str, shape[1:])])}"
+                                   f"{',' if len(shape) == 1 else ''}), dtype {a.dtype} on device {a.device}")
         except DDLError as e:
             problem = str(e)
-        if collective == "allreduce":
-            text = problem if a is None else f"allreduce(cuda, shape={a.shape}, dtype={a.dtype}, op={op})"
+        if a is None:
+            text = problem
+        elif collective == "allreduce":
+            text = f"allreduce(cuda, shape={a.shape}, dtype={a.dtype}, op={op})"
+        elif collective == "reduce_scatter":
+            text = (f"reduce_scatter(cuda, shape={a.shape}, dtype={a.dtype}, op={op}"
+                    f"{'' if split is None else f', counts={list(split)}'})")
         else:
-            shape = a and (a.shape if collective == "broadcast" else f"(*, {', '.join(map(str, a.shape[1:]))})")
-            text = (f"{collective}(cuda, shape={shape}, dtype={a and a.dtype}"
-                    f"{f', root={root}' if collective == 'broadcast' else ''})")
-        known = Known(collective, text, self._agreement.hash(text), None, a.shape if a is not None else ())
-        return Call(collective, a, out, known, problem, op=op, root=root, device=True)
+            shape = a.shape if collective == "broadcast" else f"(*, {', '.join(map(str, a.shape[1:]))})"
+            text = f"{collective}(cuda, shape={shape}, dtype={a.dtype}{f', root={root}' if collective == 'broadcast' else ''})"
+        known = Known(collective, text, self._agreement.hash(text), None, a.shape if a is not None else (),
+                      rows=tuple(rows))
+        return Call(collective, a, out, known, problem, op=op, root=int(root) if problem is None else 0,
+                    device=True)
 
 
 # -- the rules for out, and where a result lands ---------------------------------------------------------------

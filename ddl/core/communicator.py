@@ -58,7 +58,9 @@ class Communicator(Planning, Submitting):
         self._roll = mpi_comm.Dup() if mpi_comm is not None and size > 1 else None
         self.rank, self.size = rank, size
         self.local_rank, self.local_size, self.num_hosts = local or (rank, size, 1)
-        self.lock = threading.Lock()  # one collective's steps at a time (ddl.gpu holds it around its own)
+        # One collective's steps at a time; re-entrant: ddl.gpu holds it around its own, whose staged levels
+        # may be this communicator's collectives.
+        self.lock = threading.RLock()
         self.hosts = [r["host"] for r in reports] if reports else None  # each rank's host, in rank order
         if o.mode is not None:
             o.mode.check_size(size)

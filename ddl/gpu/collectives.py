@@ -1,13 +1,16 @@
 """The device path of a communicator's table (ddl.core.road), built on its public seam (``lock``, ``agree``,
-``allreduce_plan``, ``execute``, ``mpi_comm``): GPU arrays' calls, described, checked and agreed like any other
-(ddl.core.calls), run here — allreduce through the device path (NCCL inside a node, staged MPI levels above),
-broadcast and allgather staged whole through host memory (their host collectives take the road again).
-Registered with ddl.core.devices by ddl.gpu; first in every table that provides its collectives."""
+``mpi_comm`` and the planned collectives of the outer communicator): GPU arrays' calls, described, checked and
+agreed like any other (ddl.core.calls), run here per level — NCCL inside a node, ddl's staged MPI levels above
+(ddl.gpu.path). Registered with ddl.core.devices by ddl.gpu; first in every table that provides its collectives.
+"""
 from __future__ import annotations
 
+import numpy as np
+
+from .. import _native
 from ..core.packing import pack_groups
 from ..errors import DDLError, DeviceError
-from .arrays import host_dtype, is_device_array, view
+from .arrays import is_device_array, view
 from .libraries import load_driver, load_nccl
 from .path import DevicePath
 
@@ -15,7 +18,7 @@ from .path import DevicePath
 class DeviceCollectives:
     """One communicator's GPU machinery: a DevicePath per device, made on its first collective."""
     name = "device"
-    serves = frozenset(("allreduce", "broadcast", "allgather"))
+    serves = frozenset(("allreduce", "broadcast", "allgather", "reduce_scatter"))
     first = True  # (no other path can stand in for it, whatever DDL_PATH says)
 
     def __init__(self, comm):
@@ -51,19 +54,57 @@ class DeviceCollectives:
     def run(self, call):
         # An unusable input still takes part in the agreement round (as its error), so every rank raises.
         problem = self._libraries_problem() or call.problem
-        if call.collective == "allreduce":
-            return self._allreduce(call, problem)
-        host_collective = (lambda host: self.comm.broadcast(host, call.root)) if call.collective == "broadcast" \
-            else self.comm.allgather
-        return self._staged(call, problem, host_collective)
+        return getattr(self, "_" + call.collective)(call, problem)
+
+    def _result(self, call, shape: tuple):
+        """The call's out (checked when described), else a new array of the input's framework."""
+        return view(call.out, "out") if call.out is not None else view(call.array.empty(shape), "result")
 
     def _allreduce(self, call, problem):
         a = call.array
         with self.comm.lock:
             self.comm.agree(call.text, problem)
-            dst = view(call.out, "out") if call.out is not None else view(a.empty(), "result")
+            dst = self._result(call, a.shape)
             if a.size:
                 self._path(a.device).allreduce(a, dst, call.op, call.text)
+        return dst.obj
+
+    def _reduce_scatter(self, call, problem):
+        a, rows = call.array, call.known.rows
+        with self.comm.lock:
+            self.comm.agree(call.text, problem)
+            dst = self._result(call, (rows[self.comm.rank],) + a.shape[1:])
+            if a.size:
+                self._path(a.device).reduce_scatter(a, dst, rows, call.op, call.text)
+        return dst.obj
+
+    def _allgather(self, call, problem):
+        """Every rank's rows (and the first dimension of every out given) are learnt in the agreement round."""
+        a, size, rank = call.array, self.comm.size, self.comm.rank
+        counts = np.zeros(2 * size, np.int64)  # [rows of rank r..., 1 + out's first dimension on rank r...]
+        if problem is None:
+            counts[rank] = a.shape[0]
+            counts[size + rank] = 0 if call.out is None else 1 + view(call.out, "out").shape[0]
+        with self.comm.lock:
+            self.comm.agree(call.text, problem, counts, _native.DType.int64, _native.ReduceOp.sum)
+            rows = [int(n) for n in counts[:size]]
+            total = sum(rows)
+            wrong = [r for r in range(size) if counts[size + r] and counts[size + r] - 1 != total]
+            if wrong:
+                raise DDLError(f"rank {rank}: allgather of {total} rows in all: the out of rank(s) {wrong} has "
+                               f"another first dimension (every rank's out must hold every rank's rows)")
+            dst = self._result(call, (total,) + a.shape[1:])
+            if total and dst.nbytes:
+                self._path(a.device).allgather(a, dst, rows, call.text)
+        return dst.obj
+
+    def _broadcast(self, call, problem):
+        a = call.array
+        with self.comm.lock:
+            self.comm.agree(call.text, problem)
+            dst = self._result(call, a.shape)
+            if a.nbytes:
+                self._path(a.device).broadcast(a, dst, call.root, call.text)
         return dst.obj
 
     def allreduce_n(self, arrays: list, op: str) -> list:
@@ -74,18 +115,6 @@ class DeviceCollectives:
         return pack_groups(views, [f"{v.dtype}@{v.device}" for v in views],
                            lambda idx: self.comm.allreduce(_concat([arrays[i] for i in idx],
                                                                    views[idx[0]].framework), op))
-
-    def _staged(self, call, problem, host_collective):
-        """Broadcast or allgather of a GPU array, staged whole through host memory."""
-        a = call.array
-        with self.comm.lock:
-            self.comm.agree(call.text, problem)
-            path = self._path(a.device)
-            host = path.to_host(a, call.text).view(host_dtype(a.dtype)).reshape(a.shape)
-        result = host_collective(host)
-        dst = view(a.empty(result.shape), "result")
-        path.to_device(result, dst, call.text)
-        return dst.obj
 
 
 def _concat(arrays: list, framework: str):

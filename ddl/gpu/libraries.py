@@ -40,8 +40,6 @@ def load_nccl(environ=os.environ):
     with _LOCK:
         if "nccl" in _LIBS:
             return _LIBS["nccl"]
-        # Non-blocking communicators: creation and collectives return at once and ddl waits with its deadline.
-        os.environ.setdefault("NCCL_COMM_BLOCKING", "0")
         errors = []
         for path in nccl_candidates(environ):
             try:

@@ -1,22 +1,32 @@
 """The GPU path: collectives on CUDA arrays, NCCL for the GPUs of one node, MPI (staged through pinned host
 memory) above them.
 
-An allreduce of a device array, on a tree whose innermost groups are GPUs of one host (IBM DDL's split):
-  1. NCCL reduce-scatter inside the group: member k holds the group's sum of block k (1/g of the data);
-  2. block k is allreduced over MPI among the members k of every group (ddl's own hierarchical plan over the
-     outer levels) in pinned host memory: the executor starts each of the plan's pipeline blocks once its copy
-     from the GPU has landed and queues its copy back as soon as it is reduced, so copies in both directions
-     overlap the transfers of other blocks and the pipeline never restarts (native run_staged);
-  3. NCCL all-gather inside the group.
-Every level's reduction runs where its data is: on the GPU in NCCL, on the host in the MPI levels. Broadcast
-and allgather of device arrays are staged whole through host memory.
+Every collective runs per level (IBM DDL's split), NCCL inside the innermost groups (GPUs of one host) and ddl's
+own planned collectives among the members k of every group above them, on 1/g of the data:
+  - allreduce: NCCL reduce-scatter inside the group (member k holds the group's sum of block k), block k
+    allreduced over MPI among the members k of every group in pinned host memory (the executor starts each
+    pipeline block once its copy from the GPU has landed and queues its copy back as soon as it is reduced,
+    native run_staged), NCCL all-gather inside the group. With one group of every rank: NCCL's allreduce.
+  - reduce_scatter: the input's rows laid out so that block k holds the rows of the members k of every group,
+    NCCL reduce-scatter inside the group, the block reduce-scattered among the members k (ddl's host
+    reduce-scatter, planned per level), this rank's rows copied back. One group in rank order, even rows: NCCL's.
+  - allgather: the inverse: rows gathered among the members k (host allgather), NCCL all-gather inside the
+    group, rows put back in rank order. One group in rank order, even rows: NCCL's all-gather into the result.
+  - broadcast: root's data to the members at root's position of every group (host broadcast), then NCCL's
+    broadcast inside every group from that position.
+Every level's reduction runs where its data is: on the GPU in NCCL, on the host in the MPI levels. Work is
+queued on ddl's streams after the caller's current stream, and the caller's stream waits for it: kernels queued
+next see the result. Inside one group the call returns once NCCL's kernels are queued; staged levels return
+once their MPI transfers are done.
 
-Python decides (groups, trees, the plan and its blocks); the native NcclGroup queues work on ddl's streams and
-waits with the deadline. libcuda and libnccl are loaded at run time (ddl builds without CUDA); DDLError subclass DeviceError
-says what is missing.
+Python decides (groups, trees, layouts, the plan and its blocks); the native NcclGroup queues work on ddl's
+streams and waits with the deadline. libcuda and libnccl are loaded at run time (ddl builds without CUDA);
+DDLError subclass DeviceError says what is missing.
 """
 from __future__ import annotations
 
+import itertools
+import math
 import sys
 
 import numpy as np
@@ -25,8 +35,8 @@ from .. import _native
 from ..config import get as setting
 from ..core.communicator import Communicator
 from ..core.dtypes import native_dtype_name, native_op_name
-from ..errors import DDLError, DeviceError
-from .arrays import DeviceArray
+from ..errors import DeviceError
+from .arrays import DeviceArray, host_dtype
 from .groups import cross_tree, nccl_groups, shard
 from .libraries import load_driver, load_nccl
 
@@ -43,7 +53,12 @@ class DevicePath:
         groups = nccl_groups(comm.tree, comm.hosts, setting("DDL_NCCL_LEVELS"))
         mine = next(g for g in groups if comm.rank in g)
         self.position = mine.index(comm.rank)
-        inner = comm.mpi_comm.Split(groups.index(mine), comm.rank) if comm.mpi_comm is not None else None
+        # Position k's members of every group, in their outer communicator's rank order (Split by rank), and
+        # whether this one group is the whole communicator in rank order (NCCL's collectives then serve as is).
+        self.across = [sorted(g[k] for g in groups) for k in range(len(mine))]
+        self.flat = len(groups) == 1 and mine == list(range(comm.size))
+        # (keyed by position: member 0 makes the id, whatever its rank)
+        inner = comm.mpi_comm.Split(groups.index(mine), self.position) if comm.mpi_comm is not None else None
         try:
             uid = nccl.unique_id() if self.position == 0 else None
             uid = inner.bcast(uid, root=0) if inner is not None else uid
@@ -96,27 +111,112 @@ class DevicePath:
 
     # -- collectives (the caller holds the communicator's lock and has run the agreement round) -------------
 
+    def _enter(self, src: DeviceArray, dst: DeviceArray) -> None:
+        """ddl's work follows what the caller queued on both arrays' streams."""
+        self.group.after(src.stream)
+        if dst.stream != src.stream:
+            self.group.after(dst.stream)
+
     def allreduce(self, src: DeviceArray, dst: DeviceArray, op: str, label: str) -> None:
         """dst = allreduce(src), both on this device (they may be the same array)."""
         g, es = self.group, src.itemsize
         dtype, rop = native_dtype_name(src.dtype), native_op_name(op, src.dtype)
+        average = op == "avg"
+        self._enter(src, dst)
+        if self.outer.size == 1:  # one NCCL group of every rank: NCCL's allreduce, one kernel
+            g.all_reduce(src.ptr, dst.ptr, src.size, dtype, rop, average)
+            g.before(dst.stream)
+            return
         per, padded, valid = shard(src.size, g.nranks, self.position)
         in_place = padded == src.size  # no padding: dst itself is the work buffer
         work = dst.ptr if in_place else self._work_buffer(padded * es).ptr
-        g.after(src.stream)
-        if dst.stream != src.stream:
-            g.after(dst.stream)
         if work != src.ptr:
             g.copy_dd(work, src.ptr, src.nbytes)
-        outer = self.outer.size > 1
-        average = op == "avg"
-        g.reduce_scatter(work, per, dtype, rop, average and not outer)
-        if outer and valid:
+        g.reduce_scatter(work, work + self.position * per * es, per, dtype, rop, False)
+        if valid:
             self._stage(work + (self.position * per) * es, valid, es, dtype, rop,
                         1.0 / self.comm.size if average else 1.0, label)
-        g.all_gather(work, per, dtype)
+        g.all_gather(work + self.position * per * es, work, per, dtype)
         if work != dst.ptr:
             g.copy_dd(dst.ptr, work, dst.nbytes)
+        g.before(dst.stream)
+
+    def reduce_scatter(self, src: DeviceArray, dst: DeviceArray, rows: tuple, op: str, label: str) -> None:
+        """dst = this rank's rows (``rows[r]`` for rank r, in rank order along the first dimension) of the
+        reduction of every rank's src."""
+        g, es = self.group, src.itemsize
+        dtype, rop = native_dtype_name(src.dtype), native_op_name(op, src.dtype)
+        row = math.prod(src.shape[1:])
+        average, outer = op == "avg", self.outer.size > 1
+        self._enter(src, dst)
+        if self.flat and len(set(rows)) == 1:
+            g.reduce_scatter(src.ptr, dst.ptr, rows[0] * row, dtype, rop, average)
+            g.before(dst.stream)
+            return
+        starts = _starts(rows)
+        blocks = [sum(rows[r] for r in ranks) * row for ranks in self.across]
+        blk = max(blocks)
+        if blk:
+            work = self._work_buffer(g.nranks * blk * es).ptr
+            for k, ranks in enumerate(self.across):  # block k: the rows of the members k, in their order
+                at = work + k * blk * es
+                for r in ranks:
+                    g.copy_dd(at, src.ptr + starts[r] * row * es, rows[r] * row * es)
+                    at += rows[r] * row * es
+            mine = work + self.position * blk * es
+            # (avg: NCCL divides by the group's size, the outer levels by theirs: by every rank's in all)
+            g.reduce_scatter(work, mine, blk, dtype, rop, average)
+            if outer:
+                block = self._down(mine, blocks[self.position] * es, label)
+                block = block.view(host_dtype(src.dtype)).reshape(-1, row)
+                part = self.outer.reduce_scatter(block, op, counts=[rows[r] for r in self.across[self.position]])
+                self._up(part, dst.ptr, label)
+            else:
+                g.copy_dd(dst.ptr, mine, dst.nbytes)
+        g.before(dst.stream)
+
+    def allgather(self, src: DeviceArray, dst: DeviceArray, rows: list[int], label: str) -> None:
+        """dst = every rank's src (``rows[r]`` rows from rank r) in rank order along the first dimension."""
+        g = self.group
+        row = math.prod(src.shape[1:]) * src.itemsize
+        u8 = _native.DType.uint8
+        self._enter(src, dst)
+        if self.flat and len(set(rows)) == 1:
+            g.all_gather(src.ptr, dst.ptr, rows[0] * row, u8)
+            g.before(dst.stream)
+            return
+        starts = _starts(rows)
+        blocks = [sum(rows[r] for r in ranks) * row for ranks in self.across]
+        blk = max(blocks)
+        if blk:
+            work = self._work_buffer(g.nranks * blk).ptr
+            mine = work + self.position * blk
+            if self.outer.size > 1:  # the rows of the members at this position, gathered over MPI
+                mine_rows = self._down(src.ptr, src.nbytes, label).reshape(-1, row)
+                self._up(self.outer.allgather(mine_rows), mine, label)
+            else:
+                g.copy_dd(mine, src.ptr, src.nbytes)
+            g.all_gather(mine, work, blk, u8)
+            for k, ranks in enumerate(self.across):  # back in rank order
+                at = work + k * blk
+                for r in ranks:
+                    g.copy_dd(dst.ptr + starts[r] * row, at, rows[r] * row)
+                    at += rows[r] * row
+        g.before(dst.stream)
+
+    def broadcast(self, src: DeviceArray, dst: DeviceArray, root: int, label: str) -> None:
+        """dst = root's src on every rank (root's dst may be its src)."""
+        g, me = self.group, self.comm.rank
+        holder = next(k for k, ranks in enumerate(self.across) if root in ranks)  # root's position
+        self._enter(src, dst)
+        if self.outer.size > 1 and self.position == holder:  # to that position's member of every group
+            ranks = self.across[holder]
+            data = self._down(src.ptr, src.nbytes, label) if me == root else np.empty(src.nbytes, np.uint8)
+            data = self.outer.broadcast(data, ranks.index(root))
+            if me != root:
+                self._up(data, dst.ptr, label)
+        if src.nbytes:
+            g.broadcast(src.ptr if me == root else dst.ptr, dst.ptr, src.nbytes, _native.DType.uint8, holder)
         g.before(dst.stream)
 
     def _stage(self, block: int, valid: int, es: int, dtype, rop, factor: float, label: str) -> None:
@@ -127,25 +227,26 @@ class DevicePath:
         self.outer.execute(plan, self._pinned, _native.RunOptions(
             dtype, rop, self.comm.options.timeout, label, factor=factor, group=self.group, device=block))
 
-    def to_host(self, src: DeviceArray, label: str) -> np.ndarray:
-        """A host copy of a device array (for the staged broadcast and allgather)."""
-        host = self._pinned_buffer(src.nbytes)
+    def _down(self, ptr: int, nbytes: int, label: str) -> np.ndarray:
+        """A host copy of device bytes, once the work queued so far is done."""
+        host = self._pinned_buffer(nbytes)
         g = self.group
-        g.after(src.stream)
         g.copies_after_work()
-        g.wait(g.to_host(self._pinned.ptr, src.ptr, src.nbytes), f"{label}: copy to the host")
-        return host[:src.nbytes].copy()
+        g.wait(g.to_host(self._pinned.ptr, ptr, nbytes), f"{label}: copy to the host")
+        return host[:nbytes].copy()
 
-    def to_device(self, data: np.ndarray, dst: DeviceArray, label: str) -> None:
-        """Host bytes into a device array, ordered before the caller's next work on dst's stream."""
+    def _up(self, data: np.ndarray, ptr: int, label: str) -> None:
+        """Host data to device memory at ``ptr``; the work queued after this follows the copy."""
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-        if raw.nbytes != dst.nbytes:
-            raise DDLError(f"rank {self.comm.rank}: {label}: {raw.nbytes} bytes for a {dst.nbytes}-byte array")
         host = self._pinned_buffer(raw.nbytes)
         g = self.group
         g.synchronize(f"{label}: earlier copies from the pinned buffer")  # before the host overwrites it
         host[:raw.nbytes] = raw
-        g.after(dst.stream)
         g.copies_after_work()
-        g.wait(g.to_device(dst.ptr, self._pinned.ptr, raw.nbytes), f"{label}: copy to the device")
-        g.before(dst.stream)
+        g.wait(g.to_device(ptr, self._pinned.ptr, raw.nbytes), f"{label}: copy to the device")
+        g.work_after_copies()
+
+
+def _starts(rows) -> list[int]:
+    """Where each rank's rows begin."""
+    return list(itertools.accumulate(rows[:-1], initial=0))

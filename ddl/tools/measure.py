@@ -192,9 +192,10 @@ class Runner:
             ddl.reduce_scatter(out if inplace else x, out=mine)
 
 
-def init_gloo(comm) -> None:
-    """torch.distributed's default group on gloo over the ranks of ``comm`` (rendezvous at rank 0's address on
-    the interface DDL_BENCH_IFACE, default eth0 when there is one, else loopback)."""
+def init_torch(comm, backend: str = "gloo") -> None:
+    """torch.distributed's default group on gloo (or ``backend``: "nccl" for the GPU peers) over the ranks of
+    ``comm`` (rendezvous at rank 0's address on the interface DDL_BENCH_IFACE, default eth0 when there is one,
+    else loopback)."""
     import socket
 
     import torch
@@ -203,25 +204,28 @@ def init_gloo(comm) -> None:
     iface = os.environ.get("DDL_BENCH_IFACE", "eth0" if os.path.exists("/sys/class/net/eth0") else "lo")
     addr = None
     if comm.rank == 0:
-        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        probe.setsockopt(socket.SOL_SOCKET, 25, iface.encode())  # SO_BINDTODEVICE: this interface's address
-        probe.connect(("10.255.255.255", 1))
-        host = probe.getsockname()[0]
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, 25, iface.encode())  # SO_BINDTODEVICE: its address
+                probe.connect(("10.255.255.255", 1))
+                host = probe.getsockname()[0]
+        except OSError:  # no route from it (a machine with no network): ranks of one host meet on loopback
+            host = "127.0.0.1"
         with socket.socket() as s:
             s.bind((host, 0))
             addr = (host, s.getsockname()[1])
     host, port = comm.bcast(addr)
     os.environ["GLOO_SOCKET_IFNAME"] = iface
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size)
+    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size)
 
 
 def _gloo_group(comm):
-    """gloo's allreduce over the ranks of ``comm`` (init_gloo)."""
+    """gloo's allreduce over the ranks of ``comm`` (init_torch)."""
     import torch
     import torch.distributed as dist
 
-    init_gloo(comm)
+    init_torch(comm)
     ops = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
            "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 

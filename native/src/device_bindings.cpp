@@ -132,10 +132,14 @@ void bind_device(py::module_& m) {
       .def("before", &G::before, py::arg("stream"), py::call_guard<py::gil_scoped_release>())
       .def("copy_dd", &G::copy_dd, py::arg("dst"), py::arg("src"), py::arg("nbytes"),
            py::call_guard<py::gil_scoped_release>())
-      .def("reduce_scatter", &G::reduce_scatter, py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-           py::arg("average"), py::call_guard<py::gil_scoped_release>())
-      .def("all_gather", &G::all_gather, py::arg("buf"), py::arg("count"), py::arg("dtype"),
+      .def("reduce_scatter", &G::reduce_scatter, py::arg("send"), py::arg("recv"), py::arg("count"),
+           py::arg("dtype"), py::arg("op"), py::arg("average"), py::call_guard<py::gil_scoped_release>())
+      .def("all_gather", &G::all_gather, py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
            py::call_guard<py::gil_scoped_release>())
+      .def("all_reduce", &G::all_reduce, py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
+           py::arg("op"), py::arg("average"), py::call_guard<py::gil_scoped_release>())
+      .def("broadcast", &G::broadcast, py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"),
+           py::arg("root"), py::call_guard<py::gil_scoped_release>())
       .def("copies_after_work", &G::copies_after_work, py::call_guard<py::gil_scoped_release>())
       .def("to_host", [](G& g, uintptr_t host, uintptr_t dev, size_t n) {
         return g.to_host(reinterpret_cast<void*>(host), dev, n);

@@ -8,7 +8,7 @@ namespace ddl::nccl {
 Library::Library(const std::string& path) : lib_(path, "NCCL") {
   lib_.bind(ncclGetVersion, "ncclGetVersion");
   lib_.bind(ncclGetUniqueId, "ncclGetUniqueId");
-  lib_.bind(ncclCommInitRank, "ncclCommInitRank");
+  lib_.bind(ncclCommInitRankConfig, "ncclCommInitRankConfig");
   lib_.bind(ncclCommDestroy, "ncclCommDestroy");
   lib_.bind(ncclCommAbort, "ncclCommAbort");
   lib_.bind(ncclCommGetAsyncError, "ncclCommGetAsyncError");
@@ -16,8 +16,10 @@ Library::Library(const std::string& path) : lib_(path, "NCCL") {
   lib_.bind(ncclGetLastError, "ncclGetLastError", false);
   lib_.bind(ncclReduceScatter, "ncclReduceScatter");
   lib_.bind(ncclAllGather, "ncclAllGather");
+  lib_.bind(ncclAllReduce, "ncclAllReduce");
+  lib_.bind(ncclBroadcast, "ncclBroadcast");
   if (ncclGetVersion(&version) != kSuccess) throw LibraryError("NCCL " + path + ": ncclGetVersion failed");
-  if (version < 21400)  // non-blocking communicators (NCCL_COMM_BLOCKING) and bfloat16 need 2.14
+  if (version < 21400)  // non-blocking communicators (ncclConfig_t) and bfloat16 need 2.14
     throw LibraryError("NCCL " + path + " is version " + std::to_string(version) + "; ddl needs 2.14 or newer");
 }
 
@@ -67,9 +69,10 @@ Group::Group(std::shared_ptr<Library> lib, std::shared_ptr<cuda::Driver> drv, in
   cuda::use_device(*drv_, device_);
   drv_->check(drv_->cuStreamCreate(&work_, cuda::kStreamNonBlocking), "cuStreamCreate");
   drv_->check(drv_->cuStreamCreate(&copy_, cuda::kStreamNonBlocking), "cuStreamCreate");
-  Result rc = lib_->ncclCommInitRank(&comm_, nranks_, id, rank_);
+  Config config;  // blocking = 0
+  Result rc = lib_->ncclCommInitRankConfig(&comm_, nranks_, id, rank_, &config);
   if (rc != kSuccess && rc != kInProgress)
-    fail("ncclCommInitRank (rank " + std::to_string(rank_) + " of " + std::to_string(nranks_) + "): " +
+    fail("ncclCommInitRankConfig (rank " + std::to_string(rank_) + " of " + std::to_string(nranks_) + "): " +
          lib_->error_text(rc, comm_));
   settle("creating the NCCL communicator (rank " + std::to_string(rank_) + " of " + std::to_string(nranks_) +
          "; a member of the group never joined?)");
@@ -141,18 +144,28 @@ void Group::copy_dd(uintptr_t dst, uintptr_t src, size_t nbytes) {
   if (nbytes) drv_->check(drv_->cuMemcpyDtoDAsync(dst, src, nbytes, work_), "cuMemcpyDtoDAsync");
 }
 
-void Group::reduce_scatter(uintptr_t buf, size_t count, DType t, ReduceOp op, bool average) {
-  const size_t es = dtype_size(t);
-  check(lib_->ncclReduceScatter(reinterpret_cast<void*>(buf), reinterpret_cast<void*>(buf + rank_ * count * es),
-                                count, dtype_code(t), op_code(op, average), comm_, work_),
+namespace {
+void* at(uintptr_t p) { return reinterpret_cast<void*>(p); }
+}  // namespace
+
+void Group::reduce_scatter(uintptr_t send, uintptr_t recv, size_t count, DType t, ReduceOp op, bool average) {
+  check(lib_->ncclReduceScatter(at(send), at(recv), count, dtype_code(t), op_code(op, average), comm_, work_),
         "ncclReduceScatter of " + std::to_string(count) + " elements per rank");
 }
 
-void Group::all_gather(uintptr_t buf, size_t count, DType t) {
-  const size_t es = dtype_size(t);
-  check(lib_->ncclAllGather(reinterpret_cast<void*>(buf + rank_ * count * es), reinterpret_cast<void*>(buf), count,
-                            dtype_code(t), comm_, work_),
+void Group::all_gather(uintptr_t send, uintptr_t recv, size_t count, DType t) {
+  check(lib_->ncclAllGather(at(send), at(recv), count, dtype_code(t), comm_, work_),
         "ncclAllGather of " + std::to_string(count) + " elements per rank");
+}
+
+void Group::all_reduce(uintptr_t send, uintptr_t recv, size_t count, DType t, ReduceOp op, bool average) {
+  check(lib_->ncclAllReduce(at(send), at(recv), count, dtype_code(t), op_code(op, average), comm_, work_),
+        "ncclAllReduce of " + std::to_string(count) + " elements");
+}
+
+void Group::broadcast(uintptr_t send, uintptr_t recv, size_t count, DType t, int root) {
+  check(lib_->ncclBroadcast(at(send), at(recv), count, dtype_code(t), root, comm_, work_),
+        "ncclBroadcast of " + std::to_string(count) + " elements from member " + std::to_string(root));
 }
 
 void Group::copies_after_work() {

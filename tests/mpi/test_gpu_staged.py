@@ -1,5 +1,5 @@
 """The GPU path's orchestration under real MPI, on machines without a GPU: ddl is pointed at stand-ins for
-libcuda and libnccl (tests/fakes: host memory plays device memory, NCCL communicators have one rank), and every
+libcuda and libnccl (tests/fakes: host memory plays device memory), and every
 level runs over MPI staged through "pinned" buffers (DDL_NCCL_LEVELS=0) — the configuration the GPU tests use
 with several processes on one GPU. What this proves: staging offsets, chunking, padding, avg scaling, agreement
 and error paths. What it cannot: anything about real GPUs (tests/gpu does that where one exists).
@@ -123,17 +123,18 @@ def test_non_contiguous_and_mismatched_out_are_refused():
 
 @pytest.mark.mpi
 def test_groups_larger_than_nccl_allows_fail_with_nccl_message():
-    """One host, DDL_NCCL_LEVELS=auto: the group is every rank, which the stand-in refuses as real NCCL refuses
-    what it cannot do: every rank raises DeviceError with NCCL's words, none hangs."""
+    """One host, DDL_NCCL_LEVELS=auto: the group is every rank, which the stand-in is told to refuse as real
+    NCCL refuses what it cannot do: every rank raises DeviceError with NCCL's words, none hangs."""
     if SIZE == 1:
         pytest.skip("a group of one is allowed")
-    os.environ["DDL_NCCL_LEVELS"] = "auto"
+    os.environ.update(DDL_NCCL_LEVELS="auto", FAKE_NCCL_MAX_RANKS="1")
     comm = Communicator.from_mpi(COMM, ddl.communicator().options)
     try:
-        with pytest.raises(DeviceError, match="ncclCommInitRank.*invalid usage"):
+        with pytest.raises(DeviceError, match="ncclCommInitRankConfig.*invalid usage"):
             comm.allreduce(FakeDeviceArray(np.ones(4, np.float32)))
     finally:
         os.environ["DDL_NCCL_LEVELS"] = "0"
+        del os.environ["FAKE_NCCL_MAX_RANKS"]
         comm.close()
 
 

@@ -1,10 +1,12 @@
 // NCCL for the levels whose members are GPUs of one node: the few entry points ddl uses, declared here (NCCL's
 // C ABI) and bound at run time from the nvidia-nccl-cu12/-cu13 wheel or the system's libnccl.so.2.
 //
-// Communicators are created non-blocking (NCCL_COMM_BLOCKING=0, set by ddl before NCCL is loaded): creation and
+// Communicators are created non-blocking (ncclConfig_t's blocking = 0, for ddl's communicators alone: NCCL's
+// environment variable would change every other library's in the process too, torch's among them): creation and
 // collectives return at once and ddl polls with its deadline, so a rank that never arrives is an error that
 // names the group, not a hang. A failed or timed-out communicator is aborted.
 #pragma once
+#include <climits>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -24,13 +26,24 @@ using Result = int;
 constexpr Result kSuccess = 0;
 constexpr Result kInProgress = 7;
 
+// The leading fields of ncclConfig_t as NCCL 2.14 defined them; NCCL reads a config as long as its size says and
+// gives the fields of later versions their defaults (the version says which it may read).
+struct Config {
+  size_t size = sizeof(Config);
+  unsigned int magic = 0xcafebeef;
+  unsigned int version = 21400;
+  int blocking = 0;
+  int cga_cluster_size = INT_MIN, min_ctas = INT_MIN, max_ctas = INT_MIN;  // INT_MIN: NCCL decides
+  const char* net_name = nullptr;
+};
+
 struct Library {
   explicit Library(const std::string& path);
   int version = 0;  // e.g. 22703 for 2.27.3
 
   Result (*ncclGetVersion)(int*);
   Result (*ncclGetUniqueId)(UniqueId*);
-  Result (*ncclCommInitRank)(Comm*, int, UniqueId, int);
+  Result (*ncclCommInitRankConfig)(Comm*, int, UniqueId, int, Config*);
   Result (*ncclCommDestroy)(Comm);
   Result (*ncclCommAbort)(Comm);
   Result (*ncclCommGetAsyncError)(Comm, Result*);
@@ -38,6 +51,8 @@ struct Library {
   const char* (*ncclGetLastError)(Comm);  // NCCL >= 2.13; optional
   Result (*ncclReduceScatter)(const void*, void*, size_t, int, int, Comm, cuda::Stream);
   Result (*ncclAllGather)(const void*, void*, size_t, int, Comm, cuda::Stream);
+  Result (*ncclAllReduce)(const void*, void*, size_t, int, int, Comm, cuda::Stream);
+  Result (*ncclBroadcast)(const void*, void*, size_t, int, int, Comm, cuda::Stream);
 
   std::string error_text(Result rc, Comm comm) const;
 
@@ -66,9 +81,13 @@ class Group {
   void after(uintptr_t caller_stream);   // work waits for what the caller queued so far
   void before(uintptr_t caller_stream);  // the caller's stream waits for ddl's queued work
   void copy_dd(uintptr_t dst, uintptr_t src, size_t nbytes);
-  // In place: the group's block of `count` elements of `buf` ends up at buf + rank * count.
-  void reduce_scatter(uintptr_t buf, size_t count, DType t, ReduceOp op, bool average);
-  void all_gather(uintptr_t buf, size_t count, DType t);  // in place, inverse layout of reduce_scatter
+  // NCCL's collectives on the work stream (`count`: elements per rank for reduce_scatter and all_gather, of the
+  // whole buffer for all_reduce and broadcast); in place where NCCL allows it (recv = send + rank * count for
+  // reduce_scatter, send = recv + rank * count for all_gather, recv = send for the others).
+  void reduce_scatter(uintptr_t send, uintptr_t recv, size_t count, DType t, ReduceOp op, bool average);
+  void all_gather(uintptr_t send, uintptr_t recv, size_t count, DType t);
+  void all_reduce(uintptr_t send, uintptr_t recv, size_t count, DType t, ReduceOp op, bool average);
+  void broadcast(uintptr_t send, uintptr_t recv, size_t count, DType t, int root);
   // Staging on the copy stream; each returns a ticket for done() / wait().
   void copies_after_work();  // copies queued from now on follow the work queued so far
   size_t to_host(void* host, uintptr_t dev, size_t nbytes);
