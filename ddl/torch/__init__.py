@@ -88,8 +88,10 @@ def broadcast(tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
 def broadcast_(tensor: torch.Tensor, root: int = 0, comm=None) -> torch.Tensor:
     """Overwrites ``tensor`` with root's values (of ``comm``, default ddl's); returns it."""
     comm = comm or ddl.communicator()
-    if tensor.is_cuda:
-        return _copy_into(tensor, comm.broadcast(tensor.detach().contiguous(), root))
+    if tensor.is_cuda:  # in place where the tensor is contiguous (the device path writes out directly)
+        work = tensor.detach() if tensor.is_contiguous() else tensor.detach().contiguous()
+        comm.broadcast(work, root, out=work)
+        return tensor if work.data_ptr() == tensor.data_ptr() else _copy_into(tensor, work)
     values, _ = _host_view(tensor)
     return _write_back(tensor, comm.broadcast(values, root), False)
 
@@ -149,11 +151,11 @@ def reduce_scatter_into(out: torch.Tensor, tensor: torch.Tensor, op: str = "avg"
         raise DDLError(f"rank {comm.rank}: reduce_scatter needs a tensor with a first dimension to split")
     rows = split_rows(tensor.shape[0], comm.size, counts)
     shape = (rows[comm.rank],) + tuple(tensor.shape[1:])
-    if tensor.is_cuda:  # the GPU path has no reduce-scatter of its own: an allreduce, then this rank's rows
-        whole = allreduce_(tensor.detach().clone(), op, comm)
-        start = sum(rows[:comm.rank])
-        return _copy_into(out, whole[start:start + rows[comm.rank]])
     _same_dtype(out, tensor, "reduce_scatter", comm)
+    if tensor.is_cuda:  # the device path's reduce-scatter, per level, into out's own memory where it can
+        landing = _device_landing(out, shape, tensor.device, comm, "reduce_scatter")
+        comm.reduce_scatter(tensor.detach().contiguous(), op, out=landing, counts=counts)
+        return out if landing.data_ptr() == out.data_ptr() else _copy_into(out, landing)
     values, _ = _host_view(tensor)
     landing, finish = _landing(out, shape, comm, "reduce_scatter")
     comm.reduce_scatter(values, op, out=landing, counts=counts)
@@ -165,9 +167,11 @@ def allgather_into(out: torch.Tensor, tensor: torch.Tensor, comm=None) -> torch.
     """Every rank's ``tensor`` (the same shape everywhere) in rank order, written into ``out`` (``size`` times
     its elements): torch's all_gather_into_tensor on ddl's allgather, planned per level."""
     comm = comm or ddl.communicator()
-    if tensor.is_cuda:
-        return _copy_into(out, allgather(tensor.detach().reshape(1, -1), comm))
     _same_dtype(out, tensor, "allgather", comm)
+    if tensor.is_cuda:  # the device path's allgather, per level, into out's own memory where it can
+        landing = _device_landing(out, (comm.size, tensor.numel()), tensor.device, comm, "allgather")
+        comm.allgather(tensor.detach().contiguous().reshape(1, -1), out=landing)
+        return out if landing.data_ptr() == out.data_ptr() else _copy_into(out, landing)
     values, _ = _host_view(tensor.detach().contiguous())
     landing, finish = _landing(out, (comm.size, values.size), comm, "allgather")
     comm.allgather(values.reshape(1, -1), out=landing)
@@ -193,6 +197,18 @@ def _landing(out: torch.Tensor, shape: tuple, comm, call: str):
     dtype = np.float32 if out.dtype == torch.bfloat16 else torch.empty(0, dtype=out.dtype).numpy().dtype
     values = np.empty(shape, dtype)
     return values, lambda: _copy_into(out, torch.from_numpy(values))
+
+
+def _device_landing(out: torch.Tensor, shape: tuple, device, comm, call: str) -> torch.Tensor:
+    """A tensor of ``shape`` on ``device`` (the input's GPU) for the device path to write ``out``'s new values
+    into: a view of ``out`` where it is contiguous there (no copy), else a new one, copied into ``out`` after."""
+    n = int(np.prod(shape, dtype=np.int64))
+    if out.numel() != n:
+        raise DDLError(f"rank {comm.rank}: {call}'s output has {out.numel()} elements; it needs {n} "
+                       f"(shape {tuple(shape)})")
+    if out.device == device and out.is_contiguous():
+        return out.detach().view(shape)
+    return torch.empty(shape, dtype=out.dtype, device=device)
 
 
 def _copy_into(tensor: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

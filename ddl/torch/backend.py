@@ -19,9 +19,9 @@ run ddl's reduce-scatter and allgather, planned per level; all_to_all_single is 
 gather and scatter ride on allgather and broadcast (more traffic than a direct exchange: they serve
 checkpoints, not every step); reduce is an allreduce. Ops sum, avg, product, min, max; dtypes float16,
 bfloat16, float32, float64, int32, int64 (broadcast and allgather: any). CUDA tensors take ddl's GPU path
-(ddl.gpu: NCCL inside a node, MPI between nodes; its reduce-scatter is an allreduce and a slice) on the
-caller's thread and current stream, and their Work is complete on return: the GPU path orders itself on the
-stream, which a worker thread would not share. Not provided: send/recv (pipeline parallelism) and PREMUL_SUM
+(ddl.gpu: every collective per level, NCCL inside a node, MPI between nodes) on the caller's thread, queued
+after the caller's current stream (which waits for it): inside a node the call returns once NCCL's kernels are
+queued. Their Work's wait() makes the current stream wait for the collective's event, as NCCL's does. Not provided: send/recv (pipeline parallelism) and PREMUL_SUM
 (FSDP's set_gradient_divide_factor); they raise an error naming them. Tested with torch 2.13 (CUDA:
 tests/gpu, run only where there is a GPU).
 """
@@ -64,14 +64,18 @@ def _check(tensors, call: str) -> None:
 
 class _Work(dist.Work):
     """A collective's Work over a future: ``wait`` raises the collective's error (torch's future-wrapping Work
-    returns True even when the future failed, so a synchronous call would return as if it had worked)."""
+    returns True even when the future failed, so a synchronous call would return as if it had worked). A CUDA
+    collective's Work holds an event recorded after ddl's work on the caller's stream: ``wait`` makes the
+    current stream wait for it, as NCCL's Work does, whichever stream waits."""
 
-    def __init__(self, future: torch.futures.Future):
+    def __init__(self, future: torch.futures.Future, event=None):
         super().__init__()
-        self._future = future
+        self._future, self._event = future, event
 
     def wait(self, timeout=None) -> bool:  # (the collective has its own deadline: ddl's timeout)
         self._future.wait()
+        if self._event is not None:
+            torch.cuda.current_stream().wait_event(self._event)
         return True
 
     def get_future(self) -> torch.futures.Future:
@@ -115,10 +119,13 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     def _submit(self, call: str, run, result, tensors=()):
         fut = torch.futures.Future()
-        if any(t.is_cuda for t in tensors):  # the GPU path, in the caller's stream order (see the docstring)
+        cuda = next((t for t in tensors if t.is_cuda), None)
+        if cuda is not None:  # the GPU path, in the caller's stream order (see the docstring)
             run()
             fut.set_result(result)
-            return _Work(fut)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(cuda.device))
+            return _Work(fut, event)
 
         def job():
             try:

@@ -178,3 +178,51 @@ def test_ddp_on_the_ddl_backend_with_cuda_tensors_equals_one_process(world):
         assert torch.equal(gathered.cpu(), torch.full((SIZE, 3), SIZE * (SIZE + 1) / 2))
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_reduce_scatter_on_the_device(world, framework, op):
+    """Every rank's part of the reduction, per level (NCCL's reduce-scatter inside a group), even and uneven."""
+    for rows, counts in ((3 * SIZE, None), (2 * SIZE + 1, None), (SIZE * (SIZE + 1) // 2, list(range(1, SIZE + 1)))):
+        host = contribution(RANK, rows * 5, np.float32, op).reshape(rows, 5)
+        every = np.stack([contribution(r, rows * 5, np.float64, op).reshape(rows, 5) for r in range(SIZE)])
+        want = {"sum": every.sum(0), "avg": every.mean(0), "max": every.max(0)}[op]
+        parts = counts or [rows // SIZE + (r < rows % SIZE) for r in range(SIZE)]
+        start = sum(parts[:RANK])
+        got = ddl.reduce_scatter(to_device(framework, host), op, counts=counts)
+        assert device_of(framework, got) == device_of(framework, to_device(framework, host))
+        assert np.allclose(to_host(framework, got), want[start:start + parts[RANK]], rtol=1e-6)
+
+
+def test_fsdp2_on_cuda_equals_one_process(world):
+    """FSDP2 on the ddl backend with CUDA parameters: its all-gathers and reduce-scatters take the device path
+    (into its own buffers, on its own streams); the trained model equals one process on the global batch."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    import ddl.torch as dt
+    from test_torch_fsdp import batches, full, make_model, sharded, train
+
+    dt.init_process_group()
+    try:
+        out = torch.zeros(SIZE * 3, device="cuda")
+        dist.all_gather_into_tensor(out, torch.full((3,), float(RANK), device="cuda"))
+        assert out.cpu().tolist() == [float(r) for r in range(SIZE) for _ in range(3)]
+        mine = torch.zeros(2, device="cuda")
+        dist.reduce_scatter_tensor(mine, torch.arange(2.0 * SIZE, device="cuda") + RANK)
+        assert mine.cpu().tolist() == [sum(2.0 * RANK + k + r for r in range(SIZE)) for k in range(2)]
+        data = batches(4, 3)
+        model = sharded(DeviceMesh("cuda", torch.arange(SIZE), mesh_dim_names=("shard",)))
+        opt = torch.optim.Adam(model.parameters(), lr=0.05)
+        for x, y in data:
+            opt.zero_grad()
+            part = slice(RANK * 3, (RANK + 1) * 3)
+            torch.nn.functional.mse_loss(model(x[part].cuda()), y[part].cuda()).backward()
+            opt.step()
+        want = [p.detach() for p in train(make_model(), data, 3, mine=False).parameters()]
+        for got, w in zip(full(model), want):
+            assert got.is_cuda and torch.allclose(got.cpu(), w, atol=1e-5), (got.cpu() - w).abs().max()
+    finally:
+        dist.destroy_process_group()
