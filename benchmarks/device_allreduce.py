@@ -99,9 +99,41 @@ def worker(repeats: int) -> dict:
         bound = staged.explain(nbytes).to_dict()["lower_bound_seconds"]
         rows.append({"bytes": nbytes, "seconds": {k: statistics.median(v) for k, v in samples.items()},
                      "d2h_GBps": d2h, "h2d_GBps": h2d, "bound_seconds": bound})
+    others = sharded_collectives(torch, dist, default, size, repeats)
     dist.destroy_process_group()
     return {"ranks": size, "gpu": torch.cuda.get_device_name(), "mps": os.environ.get("DDL_BENCH_MPS") == "1",
-            "rows": rows}
+            "rows": rows, "others": others}
+
+
+def sharded_collectives(torch, dist, comm, size: int, repeats: int) -> list:
+    """reduce-scatter and allgather of CUDA tensors (FSDP's collectives): ddl's device path against NCCL alone,
+    ``nbytes`` the whole buffer; in rotating order, median over repeats."""
+    out = []
+    for nbytes in (64 << 10, 1 << 20, 16 << 20, 64 << 20):
+        whole = torch.ones(nbytes // 4, device="cuda")
+        part = torch.ones(nbytes // 4 // size, device="cuda")
+        cases = {("reduce_scatter", "ddl"): lambda: comm.reduce_scatter(whole.view(size, -1), "sum",
+                                                                       out=part.view(1, -1)),
+                 ("reduce_scatter", "NCCL alone"): lambda: dist.reduce_scatter_tensor(part, whole),
+                 ("allgather", "ddl"): lambda: comm.allgather(part.view(1, -1), out=whole.view(size, -1)),
+                 ("allgather", "NCCL alone"): lambda: dist.all_gather_into_tensor(whole, part)}
+        burst = BURST if nbytes < BURST_BELOW else 1
+        samples = {k: [] for k in cases}
+        names = list(cases)
+        for run in cases.values():
+            run()
+        for r in range(repeats):
+            for k in names[r % len(names):] + names[:r % len(names)]:
+                torch.cuda.synchronize()
+                comm.barrier()
+                start = time.perf_counter()
+                for _ in range(burst):
+                    cases[k]()
+                torch.cuda.synchronize()
+                samples[k].append((time.perf_counter() - start) / burst)
+        out += [{"collective": c, "who": who, "bytes": nbytes, "seconds": statistics.median(v)}
+                for (c, who), v in samples.items()]
+    return out
 
 
 def report(results: dict) -> str:
@@ -122,6 +154,14 @@ def report(results: dict) -> str:
             lines.append(f"| {row['bytes']} | {k} | {s * 1e6:.0f} | {alg:.2f} | {bus:.2f} | {s / nccl:.2f} | "
                          f"{s / host:.2f} | {row['bound_seconds'] * 1e6:.0f} | {row['d2h_GBps']:.1f} | "
                          f"{row['h2d_GBps']:.1f} |")
+    lines += ["", "## reduce-scatter and allgather (FSDP's collectives)", "",
+              "bytes: the whole buffer (each rank's part is 1/ranks of it); busbw in nccl-tests' units.", "",
+              "| collective | bytes | who | time (us) | busbw | x NCCL |", "|---|---:|---|---:|---:|---:|"]
+    nccl = {(o["collective"], o["bytes"]): o["seconds"] for o in results.get("others", ()) if o["who"] != "ddl"}
+    for o in results.get("others", ()):
+        _, bus = bandwidth(o["bytes"], o["seconds"] * 1e6, n, o["collective"])
+        lines.append(f"| {o['collective']} | {o['bytes']} | {o['who']} | {o['seconds'] * 1e6:.0f} | {bus:.2f} | "
+                     f"{o['seconds'] / nccl[o['collective'], o['bytes']]:.2f} |")
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ echo "$(python3 -c 'import site; print(site.getsitepackages()[0])')" > /tmp/v/li
 /tmp/v/bin/python -m pip install -q --no-index --no-deps --ignore-installed .whl/*.whl > "$OUT/build.log" 2>&1
 DDL_BUILD_JOBS=16 /tmp/v/bin/python -m pip install -q --no-build-isolation --no-deps -e . >> "$OUT/build.log" 2>&1 \
     || { tail -40 "$OUT/build.log"; exit 1; }
-echo "built in ${SECONDS} s"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+rm "$OUT/build.log"; echo "built in ${SECONDS} s"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 export PATH=/tmp/v/bin:$PATH PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
 export OMPI_MCA_hwloc_base_binding_policy=none
@@ -29,7 +29,10 @@ while [ $# -gt 0 ]; do
             (cd tests && timeout 280 python mpi_suite.py gpu --ranks $n --timeout 240 > "$OUT/tests-gpu-$n.log" 2>&1) &
         done
         wait
-        for n in 1 2 4; do echo "tests/gpu at $n: $(tail -1 "$OUT/tests-gpu-$n.log")"; done ;;
+        for n in 1 2 4; do
+            echo "tests/gpu at $n: $(tail -1 "$OUT/tests-gpu-$n.log")"
+            cat "$OUT/tests-gpu-$n.log" >> "$OUT/tests-gpu.log" && rm "$OUT/tests-gpu-$n.log"  # (8 files come back)
+        done ;;
     allreduce|training)
         n=$1; shift
         script=benchmarks/device_$step.py
