@@ -1,5 +1,8 @@
 #include "ddl/nccl.hpp"
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -19,7 +22,7 @@ Library::Library(const std::string& path) : lib_(path, "NCCL") {
   lib_.bind(ncclAllReduce, "ncclAllReduce");
   lib_.bind(ncclBroadcast, "ncclBroadcast");
   if (ncclGetVersion(&version) != kSuccess) throw LibraryError("NCCL " + path + ": ncclGetVersion failed");
-  if (version < 21400)  // non-blocking communicators (ncclConfig_t) and bfloat16 need 2.14
+  if (version < 21400)  // ncclConfig_t and bfloat16 need 2.14
     throw LibraryError("NCCL " + path + " is version " + std::to_string(version) + "; ddl needs 2.14 or newer");
 }
 
@@ -62,6 +65,19 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxTickets = 1 << 16;  // events per collective: 3 per staged block
 }  // namespace
 
+namespace {
+// A communicator being made on a thread of its own: creation blocks until every member has joined, so the
+// caller waits for it with the deadline instead. A member that never comes leaves the thread waiting; it
+// destroys what it made if it ever finishes after the caller gave up.
+struct Creation {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false, abandoned = false;
+  Result rc = kSuccess;
+  Comm comm = nullptr;
+};
+}  // namespace
+
 Group::Group(std::shared_ptr<Library> lib, std::shared_ptr<cuda::Driver> drv, int device, const UniqueId& id,
              int nranks, int rank, double timeout_s)
     : lib_(std::move(lib)), drv_(std::move(drv)), device_(device), nranks_(nranks), rank_(rank),
@@ -69,13 +85,39 @@ Group::Group(std::shared_ptr<Library> lib, std::shared_ptr<cuda::Driver> drv, in
   cuda::use_device(*drv_, device_);
   drv_->check(drv_->cuStreamCreate(&work_, cuda::kStreamNonBlocking), "cuStreamCreate");
   drv_->check(drv_->cuStreamCreate(&copy_, cuda::kStreamNonBlocking), "cuStreamCreate");
-  Config config;  // blocking = 0
-  Result rc = lib_->ncclCommInitRankConfig(&comm_, nranks_, id, rank_, &config);
-  if (rc != kSuccess && rc != kInProgress)
-    fail("ncclCommInitRankConfig (rank " + std::to_string(rank_) + " of " + std::to_string(nranks_) + "): " +
-         lib_->error_text(rc, comm_));
-  settle("creating the NCCL communicator (rank " + std::to_string(rank_) + " of " + std::to_string(nranks_) +
-         "; a member of the group never joined?)");
+  const std::string what = "creating the NCCL communicator (rank " + std::to_string(rank_) + " of " +
+                           std::to_string(nranks_) + ")";
+  auto made = std::make_shared<Creation>();
+  std::thread([made, lib = lib_, drv = drv_, device, id, nranks, rank] {
+    Comm comm = nullptr;
+    Result rc = kSuccess;
+    try {
+      cuda::use_device(*drv, device);
+      Config config;  // blocking: NCCL launches each collective on the calling thread (non-blocking
+                      // communicators start a thread for every launch, ~0.1 ms a collective)
+      rc = lib->ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
+    } catch (...) {
+      rc = 1;  // ncclUnhandledCudaError: the device could not be made current
+    }
+    std::lock_guard<std::mutex> hold(made->m);
+    if (made->abandoned) {
+      if (comm) lib->ncclCommDestroy(comm);
+      return;
+    }
+    made->rc = rc;
+    made->comm = comm;
+    made->done = true;
+    made->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> hold(made->m);
+  if (!made->cv.wait_for(hold, std::chrono::duration<double>(timeout_s_), [&] { return made->done; })) {
+    made->abandoned = true;
+    hold.unlock();
+    fail(what + ": no progress for " + std::to_string(timeout_s_) +
+         " s (DDL_TIMEOUT; a member of the group never joined?)");
+  }
+  comm_ = made->comm;
+  if (made->rc != kSuccess) fail(what + ": ncclCommInitRankConfig: " + lib_->error_text(made->rc, comm_));
 }
 
 Group::~Group() {

@@ -3,9 +3,11 @@
  * collective moves its bytes through one slot per rank, in rounds of at most SLOT bytes, every round between
  * two barriers, and reduces in rank order (every rank computes the same bits, as NCCL's ring does not promise,
  * but tests compare against numpy with the usual tolerances). Collectives run when they are called (fake_cuda's
- * streams are always complete); creation is non-blocking: ncclCommGetAsyncError says "in progress" until every
- * member has joined. A peer that never arrives is an error after FAKE_NCCL_TIMEOUT seconds (default 60), never a
- * hang. FAKE_NCCL_VERSION sets the version; FAKE_NCCL_HANG=1 makes creation never finish (ddl's deadline);
+ * streams are always complete). Creation of a blocking communicator (the default, and config.blocking = 1)
+ * returns once every member has joined; of a non-blocking one at once, and ncclCommGetAsyncError says "in
+ * progress" until every member has. A peer that never arrives is an error after FAKE_NCCL_TIMEOUT seconds
+ * (default 60), never a hang. FAKE_NCCL_VERSION sets the version; FAKE_NCCL_HANG=1 makes creation never finish
+ * (ddl's deadline);
  * FAKE_NCCL_MAX_RANKS refuses larger communicators (the error path of a group NCCL cannot form). */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -59,7 +61,9 @@ int ncclGetUniqueId(ncclUniqueId* id) {
   return kSuccess;
 }
 
-static int init(Comm** out, int nranks, ncclUniqueId id, int rank) {
+static int joined(Comm* c) { return __atomic_load_n(&c->shared->joined, __ATOMIC_ACQUIRE); }
+
+static int init(Comm** out, int nranks, ncclUniqueId id, int rank, int blocking) {
   const char* most = getenv("FAKE_NCCL_MAX_RANKS");
   if (nranks < 1 || rank < 0 || rank >= nranks) return kInvalidArgument;
   if (most && nranks > atoi(most)) {
@@ -71,7 +75,11 @@ static int init(Comm** out, int nranks, ncclUniqueId id, int rank) {
   c->rank = rank;
   c->hang = getenv("FAKE_NCCL_HANG") != NULL;
   *out = c;
-  if (nranks == 1 || c->hang) return c->hang ? kInProgress : kSuccess;
+  if (c->hang) {
+    while (blocking) sleep(1);  /* a member that never comes */
+    return kInProgress;
+  }
+  if (nranks == 1) return kSuccess;
   memcpy(c->name, id.internal, sizeof c->name - 1);
   c->bytes = 4096 + (size_t)nranks * SLOT;
   int fd = shm_open(c->name, O_CREAT | O_RDWR, 0600);
@@ -82,13 +90,22 @@ static int init(Comm** out, int nranks, ncclUniqueId id, int rank) {
   c->shared = m;
   c->slots = (unsigned char*)m + 4096;
   if (__atomic_add_fetch(&c->shared->joined, 1, __ATOMIC_ACQ_REL) == nranks) shm_unlink(c->name);  /* all in */
-  return kInProgress;
+  if (!blocking) return kInProgress;
+  double deadline = now() + timeout();
+  while (joined(c) < nranks) {
+    if (now() > deadline) {
+      snprintf(last_error, sizeof last_error, "fake NCCL: a member never joined (rank %d of %d)", rank, nranks);
+      return kSystemError;
+    }
+    sched_yield();
+  }
+  return kSuccess;
 }
 
-int ncclCommInitRank(Comm** c, int nranks, ncclUniqueId id, int rank) { return init(c, nranks, id, rank); }
+int ncclCommInitRank(Comm** c, int nranks, ncclUniqueId id, int rank) { return init(c, nranks, id, rank, 1); }
 int ncclCommInitRankConfig(Comm** c, int nranks, ncclUniqueId id, int rank, Config* config) {
   if (!config || config->magic != 0xcafebeef) return kInvalidArgument;
-  return init(c, nranks, id, rank);
+  return init(c, nranks, id, rank, config->blocking != 0);
 }
 
 static void release(Comm* c) {
@@ -101,8 +118,7 @@ int ncclCommAbort(Comm* c) { release(c); return kSuccess; }
 int ncclCommGetAsyncError(Comm* c, int* state) {
   if (c->hang) *state = kInProgress;
   else if (c->aborted) *state = kSystemError;
-  else *state = c->shared && __atomic_load_n(&c->shared->joined, __ATOMIC_ACQUIRE) < c->nranks ? kInProgress
-                                                                                               : kSuccess;
+  else *state = c->shared && joined(c) < c->nranks ? kInProgress : kSuccess;
   return kSuccess;
 }
 const char* ncclGetErrorString(int rc) {

@@ -1,10 +1,11 @@
 // NCCL for the levels whose members are GPUs of one node: the few entry points ddl uses, declared here (NCCL's
 // C ABI) and bound at run time from the nvidia-nccl-cu12/-cu13 wheel or the system's libnccl.so.2.
 //
-// Communicators are created non-blocking (ncclConfig_t's blocking = 0, for ddl's communicators alone: NCCL's
-// environment variable would change every other library's in the process too, torch's among them): creation and
-// collectives return at once and ddl polls with its deadline, so a rank that never arrives is an error that
-// names the group, not a hang. A failed or timed-out communicator is aborted.
+// Communicators are blocking (a non-blocking one starts a thread for every collective's launch, ~0.1 ms each):
+// creation runs on a thread of its own and ddl waits for it with its deadline, so a rank that never arrives is an
+// error that names the group, not a hang; collectives return once queued (every rank reaches them together:
+// ddl's agreement round precedes them), and ddl's waits on their events poll with the deadline and NCCL's
+// asynchronous error. A failed or timed-out communicator is aborted.
 #pragma once
 #include <climits>
 #include <cstddef>
@@ -32,7 +33,7 @@ struct Config {
   size_t size = sizeof(Config);
   unsigned int magic = 0xcafebeef;
   unsigned int version = 21400;
-  int blocking = 0;
+  int blocking = 1;
   int cga_cluster_size = INT_MIN, min_ctas = INT_MIN, max_ctas = INT_MIN;  // INT_MIN: NCCL decides
   const char* net_name = nullptr;
 };
@@ -99,7 +100,7 @@ class Group {
 
  private:
   void check(Result rc, const std::string& what);
-  void settle(const std::string& what);  // non-blocking NCCL: wait until the last call is queued
+  void settle(const std::string& what);  // until the last call is queued, or NCCL reports an error
   size_t record(cuda::Stream s);
   [[noreturn]] void fail(const std::string& what);
 
