@@ -56,14 +56,17 @@ def worker(repeats: int) -> dict:
     size = MPI.COMM_WORLD.size
     torch.cuda.set_device(0)
     init_torch(MPI.COMM_WORLD, "nccl")
-    os.environ["DDL_NCCL_LEVELS"] = "auto"
-    default = Communicator.from_mpi(MPI.COMM_WORLD)
-    os.environ["DDL_NCCL_LEVELS"] = "0"
-    staged = Communicator.from_mpi(MPI.COMM_WORLD)
-    pairs = None
-    if size % 2 == 0 and size > 2:
-        os.environ["DDL_NCCL_LEVELS"] = "auto"
-        pairs = Communicator.from_mpi(MPI.COMM_WORLD, hierarchy=[[i, i + 1] for i in range(0, size, 2)])
+    def made(levels: str, hierarchy=None):
+        """A communicator whose device path (made on its first device call, reading DDL_NCCL_LEVELS then)
+        has these levels."""
+        os.environ["DDL_NCCL_LEVELS"] = levels
+        comm = Communicator.from_mpi(MPI.COMM_WORLD, hierarchy=hierarchy)
+        comm.allreduce(torch.ones(1, device="cuda"))
+        return comm
+
+    default, staged = made("auto"), made("0")
+    pairs = made("auto", [[i, i + 1] for i in range(0, size, 2)]) if size % 2 == 0 and size > 2 else None
+    assert default.road.named("device")._paths[0].group.nranks == size, "the default is one NCCL group"
     rows = []
     for nbytes in SIZES:
         count = max(1, nbytes // 4)
