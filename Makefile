@@ -71,6 +71,11 @@ mpi: $(STAMP)
 mpi-subset: $(STAMP)
 	cd tests && ../$(PY) mpi_suite.py --ranks 2
 
+# The device path on the stand-ins (tests/fakes: NCCL groups of several processes over shared memory) at 4 ranks;
+# the mpi stage runs them at 1, 2, 3 and 8 (tests/gpu is the test on a real GPU).
+devices: $(STAMP)
+	cd tests && ../$(PY) mpi_suite.py mpi/test_gpu_levels.py mpi/test_gpu_staged.py --ranks 4
+
 train: $(STAMP)
 	cd tests && ../$(PY) mpi_suite.py train/test_torch.py train/test_torch_backend.py train/test_torch_fsdp.py train/test_horovod_torch.py train/test_trainers.py --ranks 2 4
 	cd tests && KERAS_BACKEND=torch ../$(PY) mpi_suite.py train/test_keras.py train/test_horovod_keras.py --ranks 2
@@ -97,7 +102,7 @@ stubs: $(STAMP)
 	cd tests && ../$(PY) -m ddl.tools.stubs
 
 test: $(STAMP)
-	@bash tests/stages.sh $(MPI) unit launch mpi train cluster $(if $(filter openmpi,$(MPI)),docs)
+	@bash tests/stages.sh $(MPI) unit launch mpi devices train cluster $(if $(filter openmpi,$(MPI)),docs)
 
 # CI's pass on the second MPI (see .ci/run).
 second-mpi: $(STAMP)

@@ -57,6 +57,7 @@ class Call:
     device: bool = False         # a GPU array
     send_rows: list | None = None  # alltoall: rows to each rank, and from each (None: learnt in the call)
     recv_rows: list | None = None
+    target: object = None          # a GPU array's out, as the device sees it (viewed once, when described)
 
     @property
     def text(self) -> str:
@@ -231,7 +232,7 @@ class Calls:
         agreement. An unusable input still takes part, as its error. ``out`` must be a GPU array of the result's
         shape and dtype on the input's device (an allgather's first dimension is checked once every rank's rows
         are known, in the agreement round)."""
-        problem, a, rows, split = None, None, (), None if counts is None else tuple(counts)
+        problem, a, dst, rows, split = None, None, None, (), None if counts is None else tuple(counts)
         try:
             a = devices.view(array, f"{collective} input")
             shape = a.shape
@@ -247,7 +248,7 @@ class Calls:
             if collective == "broadcast" and not (isinstance(root, (int, np.integer)) and 0 <= root < self.size):
                 raise DDLError(f"broadcast root {root!r} is not a rank of this communicator (0..{self.size - 1})")
             if out is not None:
-                dst = devices.view(out, "out") if devices.is_device_array(out) else None
+                dst = a if out is array else devices.view(out, "out") if devices.is_device_array(out) else None
                 fit = dst is not None and (dst.dtype, dst.device) == (a.dtype, a.device) and (
                     dst.shape[1:] == shape[1:] if collective == "allgather" else dst.shape == shape)
                 if not fit:
@@ -269,7 +270,7 @@ class Calls:
         known = Known(collective, text, self._agreement.hash(text), None, a.shape if a is not None else (),
                       rows=tuple(rows))
         return Call(collective, a, out, known, problem, op=op, root=int(root) if problem is None else 0,
-                    device=True)
+                    device=True, target=dst if problem is None and out is not None else None)
 
 
 # -- the rules for out, and where a result lands ---------------------------------------------------------------

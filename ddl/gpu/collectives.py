@@ -58,6 +58,8 @@ class DeviceCollectives:
 
     def _result(self, call, shape: tuple):
         """The call's out (checked when described), else a new array of the input's framework."""
+        if call.target is not None:
+            return call.target
         return view(call.out, "out") if call.out is not None else view(call.array.empty(shape), "result")
 
     def _allreduce(self, call, problem):
@@ -84,7 +86,7 @@ class DeviceCollectives:
         counts = np.zeros(2 * size, np.int64)  # [rows of rank r..., 1 + out's first dimension on rank r...]
         if problem is None:
             counts[rank] = a.shape[0]
-            counts[size + rank] = 0 if call.out is None else 1 + view(call.out, "out").shape[0]
+            counts[size + rank] = 0 if call.out is None else 1 + call.target.shape[0]
         with self.comm.lock:
             self.comm.agree(call.text, problem, counts, _native.DType.int64, _native.ReduceOp.sum)
             rows = [int(n) for n in counts[:size]]

@@ -159,12 +159,14 @@ void Group::settle(const std::string& what) {
 
 void Group::after(uintptr_t caller_stream) {
   next_event_ = 0;  // tickets live for one collective
+  copied_ = false;
   size_t t = record(reinterpret_cast<cuda::Stream>(caller_stream));
   drv_->check(drv_->cuStreamWaitEvent(work_, events_[t], 0), "cuStreamWaitEvent");
 }
 
 void Group::before(uintptr_t caller_stream) {
   for (cuda::Stream s : {work_, copy_}) {
+    if (s == copy_ && !copied_) continue;  // (one event less on a call that copied nothing)
     size_t t = record(s);
     drv_->check(drv_->cuStreamWaitEvent(reinterpret_cast<cuda::Stream>(caller_stream), events_[t], 0),
                 "cuStreamWaitEvent");
@@ -211,16 +213,19 @@ void Group::broadcast(uintptr_t send, uintptr_t recv, size_t count, DType t, int
 }
 
 void Group::copies_after_work() {
+  copied_ = true;
   size_t w = record(work_);
   drv_->check(drv_->cuStreamWaitEvent(copy_, events_[w], 0), "cuStreamWaitEvent");
 }
 
 size_t Group::to_host(void* host, uintptr_t dev, size_t nbytes) {
+  copied_ = true;
   if (nbytes) drv_->check(drv_->cuMemcpyDtoHAsync(host, dev, nbytes, copy_), "cuMemcpyDtoHAsync");
   return record(copy_);
 }
 
 size_t Group::to_device(uintptr_t dev, const void* host, size_t nbytes) {
+  copied_ = true;
   if (nbytes) drv_->check(drv_->cuMemcpyHtoDAsync(dev, host, nbytes, copy_), "cuMemcpyHtoDAsync");
   return record(copy_);
 }

@@ -112,6 +112,7 @@ class Group {
   cuda::Stream work_ = nullptr, copy_ = nullptr;
   std::vector<cuda::Event> events_;  // tickets: reused from the start by every collective (after())
   size_t next_event_ = 0;
+  bool copied_ = false;  // the copy stream got work since after(): before() must wait for it too
   bool broken_ = false;
 };
 
