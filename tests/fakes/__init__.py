@@ -1,6 +1,8 @@
 """Stand-ins for libcuda and libnccl (C, built here with the system compiler) and an array type that looks
-like a GPU array to ddl, so the GPU path's orchestration runs on machines without a GPU. They prove that ddl
-stages, offsets, orders and reduces correctly given a driver that behaves; never that a real GPU does."""
+like a GPU array to ddl, so the GPU path's orchestration runs on machines without a GPU: streams complete later,
+in order, on threads of their own, and NCCL groups of several processes meet in shared memory. They prove that
+ddl stages, offsets, orders, waits and reduces correctly given a driver that behaves; never that a real GPU
+does."""
 from __future__ import annotations
 
 import ctypes
@@ -20,7 +22,9 @@ def build(directory: str | None = None) -> dict[str, str]:
     libs = {}
     for name in ("fake_cuda", "fake_nccl"):
         lib = os.path.join(out, f"lib{name}.so")
-        subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", lib, os.path.join(HERE, f"{name}.c")], check=True)
+        # -z nodelete: the stand-in CUDA's stream threads may still be running when ddl closes the library
+        subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-pthread", "-Wl,-z,nodelete", "-o", lib,
+                        os.path.join(HERE, f"{name}.c"), "-ldl"], check=True)
         libs[name] = lib
     return {"DDL_CUDA_DRIVER": libs["fake_cuda"], "DDL_NCCL_LIBRARY": libs["fake_nccl"]}
 
@@ -45,8 +49,18 @@ class FakeDeviceArray:
                 "strides": strides, "version": 3, "stream": self._stream}
 
 
+def synchronize() -> None:
+    """Waits for every stream of the stand-in driver (as cudaDeviceSynchronize would): its copies and
+    collectives complete later, on threads of their own, so a test reads device memory from the host after this."""
+    path = os.environ.get("DDL_CUDA_DRIVER")
+    if path:
+        ctypes.CDLL(path).fake_cuda_synchronize()
+
+
 def read(result, dtype) -> np.ndarray:
-    """The contents of a device array that ddl allocated (a ddl CudaArray), read through the fake driver."""
+    """The contents of a device array that ddl allocated (a ddl CudaArray), read through the fake driver once
+    every stream is done."""
+    synchronize()
     cai = result.__cuda_array_interface__
     count = int(np.prod(cai["shape"], dtype=np.int64))
     nbytes = count * np.dtype(dtype).itemsize

@@ -2,14 +2,16 @@
  * Communicators of several processes of one host meet in a shared-memory segment named by the unique id: each
  * collective moves its bytes through one slot per rank, in rounds of at most SLOT bytes, every round between
  * two barriers, and reduces in rank order (every rank computes the same bits, as NCCL's ring does not promise,
- * but tests compare against numpy with the usual tolerances). Collectives run when they are called (fake_cuda's
- * streams are always complete). Creation of a blocking communicator (the default, and config.blocking = 1)
+ * but tests compare against numpy with the usual tolerances). Collectives are queued on their stream (fake_cuda's
+ * fake_cuda_enqueue, found in the library DDL_CUDA_DRIVER names) and run when the stream reaches them, as
+ * kernels do; a collective that fails (a peer that never comes) leaves its error in ncclCommGetAsyncError. Creation of a blocking communicator (the default, and config.blocking = 1)
  * returns once every member has joined; of a non-blocking one at once, and ncclCommGetAsyncError says "in
  * progress" until every member has. A peer that never arrives is an error after FAKE_NCCL_TIMEOUT seconds
  * (default 60), never a hang. FAKE_NCCL_VERSION sets the version; FAKE_NCCL_HANG=1 makes creation never finish
  * (ddl's deadline);
  * FAKE_NCCL_MAX_RANKS refuses larger communicators (the error path of a group NCCL cannot form). */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <stdint.h>
@@ -108,12 +110,15 @@ int ncclCommInitRankConfig(Comm** c, int nranks, ncclUniqueId id, int rank, Conf
   return init(c, nranks, id, rank, config->blocking != 0);
 }
 
-static void release(Comm* c) {
+static void (*synchronize_all)(void);
+int ncclCommDestroy(Comm* c) {
+  if (synchronize_all) synchronize_all(); /* its queued collectives use the segment */
   if (c->shared) munmap(c->shared, c->bytes);
   free(c);
+  return kSuccess;
 }
-int ncclCommDestroy(Comm* c) { release(c); return kSuccess; }
-int ncclCommAbort(Comm* c) { release(c); return kSuccess; }
+/* Queued collectives of an aborted communicator stop at their next barrier; what they use is left to them. */
+int ncclCommAbort(Comm* c) { __atomic_store_n(&c->aborted, 1, __ATOMIC_RELEASE); return kSuccess; }
 
 int ncclCommGetAsyncError(Comm* c, int* state) {
   if (c->hang) *state = kInProgress;
@@ -138,6 +143,7 @@ static int barrier(Comm* c) {
   }
   double deadline = now() + timeout();
   while (__atomic_load_n(&s->generation, __ATOMIC_ACQUIRE) == gen) {
+    if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) return kSystemError;
     if (now() > deadline) {
       snprintf(last_error, sizeof last_error, "fake NCCL: a peer never reached the collective (rank %d of %d)",
                c->rank, c->nranks);
@@ -248,7 +254,7 @@ static int start(Comm* c, int t) {
 }
 #define STEP(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
 
-int ncclAllReduce(const void* s, void* r, size_t n, int t, int op, Comm* c, void* st) {
+static int ncclAllReduce_now(const void* s, void* r, size_t n, int t, int op, Comm* c, void* st) {
   (void)st;
   STEP(start(c, t));
   size_t es = kSize[t], per = SLOT / es;
@@ -266,7 +272,7 @@ int ncclAllReduce(const void* s, void* r, size_t n, int t, int op, Comm* c, void
   return kSuccess;
 }
 
-int ncclReduceScatter(const void* s, void* r, size_t n, int t, int op, Comm* c, void* st) {
+static int ncclReduceScatter_now(const void* s, void* r, size_t n, int t, int op, Comm* c, void* st) {
   (void)st;
   STEP(start(c, t));
   size_t es = kSize[t], per = SLOT / es / c->nranks;
@@ -285,7 +291,7 @@ int ncclReduceScatter(const void* s, void* r, size_t n, int t, int op, Comm* c, 
   return kSuccess;
 }
 
-int ncclAllGather(const void* s, void* r, size_t n, int t, Comm* c, void* st) {
+static int ncclAllGather_now(const void* s, void* r, size_t n, int t, Comm* c, void* st) {
   (void)st;
   STEP(start(c, t));
   size_t es = kSize[t], per = SLOT / es;
@@ -303,7 +309,7 @@ int ncclAllGather(const void* s, void* r, size_t n, int t, Comm* c, void* st) {
   return kSuccess;
 }
 
-int ncclBroadcast(const void* s, void* r, size_t n, int t, int root, Comm* c, void* st) {
+static int ncclBroadcast_now(const void* s, void* r, size_t n, int t, int root, Comm* c, void* st) {
   (void)st;
   STEP(start(c, t));
   size_t es = kSize[t], per = SLOT / es;
@@ -320,4 +326,61 @@ int ncclBroadcast(const void* s, void* r, size_t n, int t, int root, Comm* c, vo
     STEP(barrier(c));
   }
   return kSuccess;
+}
+
+/* -- queued on the caller's stream, run when it gets there ------------------------------------------------ */
+typedef void (*Work)(void*);
+typedef struct {
+  int kind, t, op, root;
+  const void* s;
+  void* r;
+  size_t n;
+  Comm* c;
+} Queued;
+
+static void (*stream_enqueue)(void*, Work, void*) = NULL;
+static void (*synchronize_all)(void);
+
+static void find_streams(void) {
+  const char* path = getenv("DDL_CUDA_DRIVER");
+  void* lib = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  if (lib) {
+    stream_enqueue = (void (*)(void*, Work, void*))dlsym(lib, "fake_cuda_enqueue");
+    synchronize_all = (void (*)(void))dlsym(lib, "fake_cuda_synchronize");
+  }
+}
+
+static void run_queued(void* p) {
+  Queued* q = p;
+  switch (q->kind) {
+    case 0: ncclAllReduce_now(q->s, q->r, q->n, q->t, q->op, q->c, NULL); break;
+    case 1: ncclReduceScatter_now(q->s, q->r, q->n, q->t, q->op, q->c, NULL); break;
+    case 2: ncclAllGather_now(q->s, q->r, q->n, q->t, q->c, NULL); break;
+    case 3: ncclBroadcast_now(q->s, q->r, q->n, q->t, q->root, q->c, NULL); break;
+  }
+  free(q);
+}
+
+static int queue(int kind, const void* s, void* r, size_t n, int t, int op, int root, Comm* c, void* st) {
+  STEP(start(c, t));
+  if (kind == 3 && (root < 0 || root >= c->nranks)) return kInvalidArgument;
+  if (!stream_enqueue) find_streams();
+  Queued* q = malloc(sizeof(Queued));
+  *q = (Queued){kind, t, op, root, s, r, n, c};
+  if (stream_enqueue) stream_enqueue(st, run_queued, q);
+  else run_queued(q);
+  return kSuccess;
+}
+
+int ncclAllReduce(const void* s, void* r, size_t n, int t, int op, Comm* c, void* st) {
+  return queue(0, s, r, n, t, op, 0, c, st);
+}
+int ncclReduceScatter(const void* s, void* r, size_t n, int t, int op, Comm* c, void* st) {
+  return queue(1, s, r, n, t, op, 0, c, st);
+}
+int ncclAllGather(const void* s, void* r, size_t n, int t, Comm* c, void* st) {
+  return queue(2, s, r, n, t, 0, 0, c, st);
+}
+int ncclBroadcast(const void* s, void* r, size_t n, int t, int root, Comm* c, void* st) {
+  return queue(3, s, r, n, t, 0, root, c, st);
 }

@@ -12,8 +12,10 @@ Expected values come from numpy over every rank's inputs. What this proves: layo
 rows, avg scaling across levels, out handling, agreement and errors. What it cannot: anything about real GPUs
 (tests/gpu does that where one exists).
 """
+import ctypes
 import os
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -24,7 +26,7 @@ import ddl
 from ddl import DDLError, gpu
 from ddl.core.communicator import Communicator
 from ddl.options import parse
-from fakes import FakeDeviceArray, build, read
+from fakes import FakeDeviceArray, build, read, synchronize
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
@@ -97,6 +99,7 @@ def test_allreduce(comm, n, dtype, op):
     x = contribution(RANK, n, dtype, op)
     assert_reduced(on_device(comm.allreduce(FakeDeviceArray(x), op), dtype), n, dtype, op)
     comm.allreduce(FakeDeviceArray(x), op, out=FakeDeviceArray(x))  # in place
+    synchronize()  # (the stand-in's streams complete later, as a GPU's do)
     assert_reduced(x, n, dtype, op)
 
 
@@ -125,6 +128,7 @@ def test_reduce_scatter(comm, rows_per_rank, cols, counts, dtype, op):
     assert_close(got, want, dtype, f"reduce_scatter {op} rows {rows}")
     out = np.full((rows[RANK], cols), 9, dtype)
     comm.reduce_scatter(FakeDeviceArray(x), op, out=FakeDeviceArray(out), counts=split)
+    synchronize()
     assert_close(out, want, dtype, f"reduce_scatter into out, rows {rows}")
 
 
@@ -141,6 +145,7 @@ def test_allgather(comm, rows, cols, dtype):
     assert np.array_equal(got, want)
     out = np.zeros_like(want)
     comm.allgather(FakeDeviceArray(mine), out=FakeDeviceArray(out))
+    synchronize()
     assert np.array_equal(out, want)
 
 
@@ -162,8 +167,10 @@ def test_broadcast_from_every_root(comm, nbytes):
         assert np.array_equal(read(comm.broadcast(FakeDeviceArray(data), root), np.uint8), want)
         out = np.zeros(nbytes, np.uint8)
         comm.broadcast(FakeDeviceArray(data), root, out=FakeDeviceArray(out))
+        synchronize()
         assert np.array_equal(out, want)
         comm.broadcast(FakeDeviceArray(data), root, out=FakeDeviceArray(data))  # in place
+        synchronize()
         assert np.array_equal(data, want)
 
 
@@ -178,3 +185,27 @@ def test_a_bad_call_on_one_rank_raises_on_every_rank(comm):
         comm.broadcast(FakeDeviceArray(x), 99)
     got = on_device(comm.reduce_scatter(FakeDeviceArray(x), "sum"), np.float32)  # still works
     assert np.array_equal(got, np.full((2, 3), SIZE, np.float32))
+
+
+@pytest.mark.mpi
+def test_ddl_follows_and_precedes_the_callers_stream(comm):
+    """The caller's own stream (the stand-in's streams run later, in order): a copy queued there before the call
+    is what ddl reduces, and a copy queued there after it reads the result, with no synchronisation between."""
+    drv = ctypes.CDLL(os.environ["DDL_CUDA_DRIVER"])
+    stream, event = ctypes.c_void_p(), ctypes.c_void_p()
+    drv.cuStreamCreate(ctypes.byref(stream), 1)
+    drv.cuEventCreate(ctypes.byref(event), 0)
+    x, given, seen = (np.zeros(1 << 16, np.float32), np.full(1 << 16, RANK + 1, np.float32),
+                      np.zeros(1 << 16, np.float32))
+    ptr, nbytes = ctypes.c_ulonglong(x.ctypes.data), ctypes.c_size_t(x.nbytes)
+    drv.cuMemcpyHtoDAsync_v2(ptr, ctypes.c_void_p(given.ctypes.data), nbytes, stream)  # x = rank + 1, later
+    comm.allreduce(FakeDeviceArray(x, stream.value), out=FakeDeviceArray(x, stream.value))
+    drv.cuMemcpyDtoHAsync_v2(ctypes.c_void_p(seen.ctypes.data), ptr, nbytes, stream)
+    drv.cuEventRecord(event, stream)
+    deadline = time.monotonic() + 30
+    while drv.cuEventQuery(event) != 0 and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    assert drv.cuEventQuery(event) == 0, "the caller's stream never got past ddl's work"
+    assert np.all(seen == SIZE * (SIZE + 1) / 2), f"rank {RANK}: {seen[:4]}"
+    drv.cuEventDestroy_v2(event)
+    drv.cuStreamDestroy_v2(stream)

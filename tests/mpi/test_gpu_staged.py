@@ -18,7 +18,7 @@ from ddl import DDLError, MismatchError, _native, gpu
 from ddl.core.communicator import Communicator
 from ddl.errors import DeviceError, TransportError
 from ddl.options import parse
-from fakes import FakeDeviceArray, build, read
+from fakes import FakeDeviceArray, build, read, synchronize
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
@@ -59,6 +59,7 @@ def test_device_allreduce_every_dtype_and_op(n, dtype, op):
     assert_reduced(host_result(result, dtype), n, dtype, op)
     assert np.array_equal(x.view(np.uint8), before.view(np.uint8))  # the input is untouched
     ddl.allreduce(FakeDeviceArray(x), op, out=FakeDeviceArray(x))  # in place
+    synchronize()  # (the stand-in's streams complete later, as a GPU's do)
     assert_reduced(x, n, dtype, op)
 
 
@@ -69,6 +70,7 @@ def test_device_allreduce_stages_in_pieces(dtype):
     x = contribution(RANK, n, dtype, "sum")
     out = np.full(n, 7, dtype)
     ddl.allreduce(FakeDeviceArray(x), "sum", out=FakeDeviceArray(out))
+    synchronize()
     assert_reduced(out, n, dtype, "sum")
 
 
