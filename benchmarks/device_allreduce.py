@@ -57,8 +57,7 @@ def worker(repeats: int) -> dict:
     torch.cuda.set_device(0)
     init_torch(MPI.COMM_WORLD, "nccl")
     def made(levels: str, hierarchy=None):
-        """A communicator whose device path (made on its first device call, reading DDL_NCCL_LEVELS then)
-        has these levels."""
+        """A communicator whose device path has these levels (DDL_NCCL_LEVELS as it is made), made at once."""
         os.environ["DDL_NCCL_LEVELS"] = levels
         comm = Communicator.from_mpi(MPI.COMM_WORLD, hierarchy=hierarchy)
         comm.allreduce(torch.ones(1, device="cuda"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _native
+from ..config import get as setting
 from ..core.packing import pack_groups
 from ..errors import DDLError, DeviceError
 from .arrays import is_device_array, view
@@ -23,6 +24,7 @@ class DeviceCollectives:
 
     def __init__(self, comm):
         self.comm = comm
+        self.levels = setting("DDL_NCCL_LEVELS")  # as the communicator is made (its paths come at first use)
         self._paths: dict[int, DevicePath] = {}
 
     def close(self) -> None:
@@ -37,7 +39,7 @@ class DeviceCollectives:
     def _path(self, device: int) -> DevicePath:
         path = self._paths.get(device)
         if path is None:
-            path = self._paths[device] = DevicePath(self.comm, device)
+            path = self._paths[device] = DevicePath(self.comm, device, self.levels)
         return path
 
     @staticmethod

@@ -32,7 +32,6 @@ import sys
 import numpy as np
 
 from .. import _native
-from ..config import get as setting
 from ..core.communicator import Communicator
 from ..core.dtypes import native_dtype_name, native_op_name
 from ..errors import DeviceError
@@ -44,13 +43,13 @@ class DevicePath:
     """One communicator's GPU machinery for one device, built on its first device collective: the NCCL group
     (id made by its first member, sent over MPI), the communicator of the outer levels, ddl's buffers."""
 
-    def __init__(self, comm, device: int):
+    def __init__(self, comm, device: int, levels: str = "auto"):
         if comm.mpi_comm is None and comm.size > 1:
             raise DeviceError(f"rank {comm.rank}: collectives on GPU arrays need an MPI communicator")
         self.comm, self.device = comm, device
         self.driver = load_driver()
         nccl = load_nccl()
-        groups = nccl_groups(comm.tree, comm.hosts, setting("DDL_NCCL_LEVELS"))
+        groups = nccl_groups(comm.tree, comm.hosts, levels)
         mine = next(g for g in groups if comm.rank in g)
         self.position = mine.index(comm.rank)
         # Position k's members of every group, in their outer communicator's rank order (Split by rank), and

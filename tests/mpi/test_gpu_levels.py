@@ -22,7 +22,6 @@ import pytest
 from mpi4py import MPI
 from test_collectives import DTYPES, assert_reduced, contribution, expected, name, valid
 
-import ddl
 from ddl import DDLError, gpu
 from ddl.core.communicator import Communicator
 from ddl.options import parse
@@ -64,11 +63,10 @@ def comm(request):
         pytest.skip("one rank is in rank order")
     os.environ["DDL_NCCL_LEVELS"] = "0" if layout == "staged" else "auto"
     c = Communicator.from_mpi(COMM, parse("-timeout 60"), hierarchy=hierarchy(layout))
-    try:
-        x = np.ones(1, np.float32)
-        c.allreduce(FakeDeviceArray(x), out=FakeDeviceArray(x))  # the device path is made with this layout
-    finally:
-        os.environ["DDL_NCCL_LEVELS"] = "0"
+    # the opposite now: the levels are the communicator's, read as it was made, not at its first device call
+    os.environ["DDL_NCCL_LEVELS"] = "auto" if layout == "staged" else "0"
+    x = np.ones(1, np.float32)
+    c.allreduce(FakeDeviceArray(x), out=FakeDeviceArray(x))
     path = c.road.named("device")._paths[0]
     groups = {"staged": 1, "one group": SIZE, "reversed": SIZE, "pairs": 2}[layout]
     assert path.group.nranks == groups, f"{layout}: NCCL groups of {path.group.nranks}, not {groups}"
