@@ -91,14 +91,18 @@ def probed() -> topology.Topology | None:
     return t if comm.rank == 0 else None
 
 
-def load(source: str | None) -> topology.Topology:
+def load(source: str | None, ranks: int | None = None, gpus=None) -> topology.Topology:
+    """The machine to show: a file, an emulated shape, or this host alone, as a job on it would see it: one rank
+    per GPU where it has GPUs (``gpus``: NVML's reports, read here when not given), else one per core, or
+    ``ranks``."""
     if source and emulate.is_spec(source):
         return emulate.topology(source)
     if source:
         return topology.load(source)
-    host = socket.gethostname()  # this host alone, as one rank per core would see it
+    host = socket.gethostname()
+    gpus = discover.nvml_gpus() if gpus is None else gpus
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return discover.build([{"host": host, "numa": None, "gpus": discover.nvml_gpus()}] * cores)
+    return discover.build([{"host": host, "numa": None, "gpus": gpus}] * (ranks or len(gpus) or cores))
 
 
 def _positive(text: str) -> int:
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         placement = t.placement
     else:
-        t = load(args.source)
+        t = load(args.source, args.ranks)
         placement = _placement(t, args.ranks)
     if not args.quiet:
         print(t.tree_text())

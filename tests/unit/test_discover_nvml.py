@@ -134,3 +134,20 @@ def test_two_discovered_dgx_h100_nodes_give_nccl_one_group_per_node():
     groups = gpu.nccl_groups(tree, [r["host"] for r in reports])
     assert groups == [list(range(8)), list(range(8, 16))]
     assert gpu.cross_tree(tree, groups, 3) == [0, 1]  # GPU 3 of each node: one MPI pair
+
+
+def test_ddl_topo_without_a_source_plans_one_rank_per_gpu(monkeypatch, capsys):
+    """On a GPU host (a DGX H100's NVML here) ddl-topo shows one rank per GPU, not one per core; --ranks still
+    chooses otherwise."""
+    import socket
+
+    from ddl.tools import topo as topo_cli
+
+    gpus = discover.nvml_gpus(DGX_H100)
+    t = topo_cli.load(None, gpus=gpus)
+    assert t.capacity() == 8 and len(t.devices(socket.gethostname())) == 8
+    assert topo_cli.load(None, ranks=20, gpus=gpus).capacity() == 20  # more ranks than GPUs: slots again
+    assert topo_cli.load(None, gpus=[]).capacity() >= 1  # no GPU: one rank per core
+    monkeypatch.setattr(discover, "nvml_gpus", lambda nvml=None: gpus)
+    assert topo_cli.main(["--quiet", "--plan", "64M"]) == 0
+    assert "nvlink4" in capsys.readouterr().out  # the GPUs' level is planned
