@@ -266,7 +266,8 @@ class Calls:
                     f"{'' if split is None else f', counts={list(split)}'})")
         else:
             shape = a.shape if collective == "broadcast" else f"(*, {', '.join(map(str, a.shape[1:]))})"
-            text = f"{collective}(cuda, shape={shape}, dtype={a.dtype}{f', root={root}' if collective == 'broadcast' else ''})"
+            where = f", root={root}" if collective == "broadcast" else ""
+            text = f"{collective}(cuda, shape={shape}, dtype={a.dtype}{where})"
         known = Known(collective, text, self._agreement.hash(text), None, a.shape if a is not None else (),
                       rows=tuple(rows))
         return Call(collective, a, out, known, problem, op=op, root=int(root) if problem is None else 0,

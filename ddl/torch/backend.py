@@ -21,8 +21,9 @@ checkpoints, not every step); reduce is an allreduce. Ops sum, avg, product, min
 bfloat16, float32, float64, int32, int64 (broadcast and allgather: any). CUDA tensors take ddl's GPU path
 (ddl.gpu: every collective per level, NCCL inside a node, MPI between nodes) on the caller's thread, queued
 after the caller's current stream (which waits for it): inside a node the call returns once NCCL's kernels are
-queued. Their Work's wait() makes the current stream wait for the collective's event, as NCCL's does. Not provided: send/recv (pipeline parallelism) and PREMUL_SUM
-(FSDP's set_gradient_divide_factor); they raise an error naming them. Tested with torch 2.13 (CUDA:
+queued. Their Work's wait() makes the current stream wait for the collective's event, as NCCL's does. Not
+provided: send/recv (pipeline parallelism) and PREMUL_SUM (FSDP's set_gradient_divide_factor); they raise an
+error naming them. Tested with torch 2.13 (CUDA:
 tests/gpu, run only where there is a GPU).
 """
 from __future__ import annotations

@@ -84,7 +84,8 @@ def assert_close(got, want, dtype, what):
     w = np.asarray(want, np.float64).reshape(-1)
     assert g.shape == w.shape, f"rank {RANK}: {what}: {g.shape} values, not {w.shape}"
     bad = np.flatnonzero(np.abs(g - w) > tol * (1 + np.abs(w)))
-    assert bad.size == 0, f"rank {RANK} of {SIZE}: {what}: {bad.size} wrong, first at {bad[0]}: {g[bad[0]]} != {w[bad[0]]}"
+    assert bad.size == 0, (f"rank {RANK} of {SIZE}: {what}: {bad.size} wrong, first at {bad[0]}: "
+                           f"{g[bad[0]]} != {w[bad[0]]}")
 
 
 @pytest.mark.mpi
