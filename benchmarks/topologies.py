@@ -92,12 +92,13 @@ def run_topology(name: str, t, sizes: list[int], rounds: int, settings: list[dic
                  iters: int, min_seconds: float, repeats: int = 1, no_flags: bool = False) -> dict:
     from ddl.cluster import Cluster
 
-    samples: dict[str, dict[int, list[float]]] = {}
+    by_round: list[dict[str, dict[int, list[float]]]] = []  # each round's samples: library -> size -> times
     versions, model = {}, None
     with Cluster(t) as cluster:
         # --no-flags: ddl is told nothing; its probe's cache lives in the cluster's folder (one measurement)
         env = {"DDL_PROBE_CACHE": str(cluster.workdir / "probe-cache")} if no_flags else {}
         for r in range(rounds):
+            by_round.append({})
             order = settings[r % len(settings):] + settings[:r % len(settings)]  # rotate: no setting always first
             for job in order:
                 progress.step(f"{name} round {r + 1}/{rounds} {job['name']}")
@@ -127,10 +128,41 @@ def run_topology(name: str, t, sizes: list[int], rounds: int, settings: list[dic
                 for algo, by_size in res["runs"].items():
                     algo = job["rename"].get(algo, algo)
                     for size, us in by_size.items():
-                        samples.setdefault(algo, {}).setdefault(int(size), []).extend(us)
-    times = {a: {s: statistics.median(v) for s, v in by_size.items()} for a, by_size in samples.items()}
-    return {"topology": name, "times": times, "samples": samples, "versions": versions, "model": model,
-            "no_flags": no_flags}
+                        by_round[-1].setdefault(algo, {}).setdefault(int(size), []).extend(us)
+    return {"topology": name, **pooled(by_round), "versions": versions, "model": model, "no_flags": no_flags}
+
+
+def pooled(by_round: list[dict]) -> dict:
+    """The rounds' samples, pooled over the rounds a disturbed machine did not spoil (ddl.tools.measure
+    .disturbed_rounds: every library far below its usual speed alike), a size's time their median; ddl's spread
+    over the kept rounds' medians, per size."""
+    from ddl.tools.measure import disturbed_rounds, spread
+
+    medians = [{a: {s: statistics.median(v) for s, v in by_size.items()} for a, by_size in r.items()}
+               for r in by_round]
+    disturbed = disturbed_rounds(medians)
+    samples: dict[str, dict[int, list[float]]] = {}
+    for i, r in enumerate(by_round):
+        if i not in disturbed:
+            for a, by_size in r.items():
+                for s, v in by_size.items():
+                    samples.setdefault(a, {}).setdefault(s, []).extend(v)
+    kept = [m for i, m in enumerate(medians) if i not in disturbed]
+    return {"times": {a: {s: statistics.median(v) for s, v in by_size.items()} for a, by_size in samples.items()},
+            "samples": samples, "rounds": len(by_round), "disturbed": {i + 1: x for i, x in disturbed.items()},
+            "spread": {s: spread([m["ddl"][s] for m in kept if s in m.get("ddl", {})])
+                       for s in samples.get("ddl", {})} if len(kept) > 1 else {}}
+
+
+def rounds_text(result: dict) -> str:
+    """How many rounds, which were left out and why, and how far apart ddl's were."""
+    text = f"{result.get('rounds', 1)} round(s)"
+    for r, slow in result.get("disturbed", {}).items():
+        text += f"; round {r} left out: a disturbed machine (every library at {slow:.1f}x its usual time or more)"
+    if result.get("spread"):
+        text += "; ddl's spread over the rounds kept (largest - smallest) / median: " + ", ".join(
+            f"{_size(s)} {x:.0%}" for s, x in sorted(result["spread"].items()))
+    return text
 
 
 def busbw(nbytes: int, us: float, n: int) -> float:
@@ -265,7 +297,7 @@ def report(result: dict, bound: dict, nranks: int, outdir: Path, command: str, s
              told + "Out of place, float32 sum; time = median over runs of the max over ranks of the mean per call; "
              "busbw = algbw x 2(n-1)/n (nccl-tests); bound = the topology's lower bound "
              "(ddl.planner.lower_bound: per level 2(E-1)/E x n / B_out, or the latency of one round across the top); "
-             "efficiency = bound / time. Every result was verified.", "",
+             "efficiency = bound / time. Every result was verified.", "", rounds_text(result) + ".", "",
              "## Targets", "", "| target | met | measured |", "|:---|:---|:---|"]
     lines += [f"| {t} | {'yes' if ok else '**no**'} | {m} |" for t, ok, m in met]
     lines += ["", "## Results", "", table(result, bound, nranks), "", f"![busbw against size]({stem}.png)", ""]
@@ -287,6 +319,7 @@ def print_summary(result: dict, bound: dict, nranks: int, met: list) -> None:
         row = " ".join(f"{busbw(s, times[a][s], nranks):>10.4f}" if s in times[a] else f"{'-':>10}" for a in algos)
         print(f"{_size(s):>10} {row} {busbw(s, bound[s][0] * 1e6, nranks):>10.4f} "
               f"{bound[s][0] / (times['ddl'][s] * 1e-6):>8.1%}")
+    print(f"  {rounds_text(result)}")
     for t, ok, m in met:
         print(f"  [{'met' if ok else 'MISSED'}] {t}: {m}")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -247,6 +248,36 @@ def combine(comm, local: float, average: int) -> float:
     if average == 1:
         return comm.allreduce(local, op=MPI.SUM) / comm.size
     return comm.allreduce(local, op=MPI.MIN if average == 2 else MPI.MAX)
+
+
+DISTURBED = 1.4  # a round whose every library ran at least this much slower than its usual is left out
+
+
+def disturbed_rounds(per_round: list[dict], slower: float = DISTURBED) -> dict[int, float]:
+    """The rounds a disturbed machine spoiled: ``per_round[r][library][size]`` is a time; a library's usual time
+    at a size is its median over the rounds, its slowdown in a round the median over sizes of time / usual. A
+    round is disturbed when every library's slowdown is ``slower`` or more (all slow alike: the machine, not a
+    library). Returns {round: the smallest slowdown in it}. With fewer than 3 rounds nothing can be told apart;
+    at most a minority of the rounds is ever left out."""
+    if len(per_round) < 3:
+        return {}
+    usual = {}
+    for lib in per_round[0]:
+        for size in per_round[0][lib]:
+            usual[lib, size] = statistics.median(r[lib][size] for r in per_round if size in r.get(lib, {}))
+    found = {}
+    for i, r in enumerate(per_round):
+        slow = [statistics.median(t / usual[lib, size] for size, t in by_size.items() if usual.get((lib, size)))
+                for lib, by_size in r.items() if by_size]
+        if slow and min(slow) >= slower:
+            found[i] = min(slow)
+    worst_first = sorted(found, key=found.get, reverse=True)
+    return {i: found[i] for i in worst_first[:(len(per_round) - 1) // 2]}
+
+
+def spread(values: list[float]) -> float:
+    """(largest - smallest) / median: how far apart the rounds' results lie."""
+    return (max(values) - min(values)) / statistics.median(values) if values else 0.0
 
 
 def measure(runner: Runner, comm, count: int, dtype: np.dtype, op: str, iters: int, warmup: int,

@@ -103,3 +103,23 @@ def test_integer_average_is_skipped_not_failed():
     runner.algo = "ddl"
     assert not runner.supports(np.dtype(np.int32), "avg")
     assert runner.supports(np.dtype(np.float16), "avg")
+
+
+def test_a_round_where_every_library_ran_slow_is_named_and_left_out():
+    """make bench's rounds: a round whose every library ran far below its usual speed is a disturbed machine;
+    one library slow alone is that library's result, kept."""
+    from ddl.tools.measure import disturbed_rounds, spread
+
+    def rnd(ddl, mpi):
+        return {"ddl": {1024: ddl, 1 << 20: 10 * ddl}, "mpi": {1024: mpi, 1 << 20: 10 * mpi}}
+
+    usual = [rnd(1.0, 1.2), rnd(1.1, 1.3), rnd(0.9, 1.1)]
+    assert disturbed_rounds(usual) == {}
+    slow = usual[:1] + [rnd(2.0, 2.6)] + usual[1:]  # round 1: both at about 2x
+    found = disturbed_rounds(slow)
+    assert list(found) == [1] and found[1] >= 1.9
+    alone = usual[:1] + [rnd(1.0, 3.0)] + usual[1:]  # only mpi slow: kept
+    assert disturbed_rounds(alone) == {}
+    assert disturbed_rounds(slow[:2]) == {}  # two rounds: which one is usual cannot be told
+    assert len(disturbed_rounds([rnd(1.0, 1.0), rnd(3.0, 3.0), rnd(3.0, 3.0)])) <= 1  # never the majority
+    assert spread([1.0, 1.2, 0.8]) == pytest.approx(0.4)
