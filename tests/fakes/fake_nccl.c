@@ -44,6 +44,9 @@ typedef struct {
 
 static const size_t kSize[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
 static char last_error[256] = "";
+typedef void (*Work)(void*);
+static void (*stream_enqueue)(void*, Work, void*);  /* fake_cuda's, found at the first collective */
+static void (*synchronize_all)(void);
 
 static double now(void) {
   struct timespec t;
@@ -110,7 +113,6 @@ int ncclCommInitRankConfig(Comm** c, int nranks, ncclUniqueId id, int rank, Conf
   return init(c, nranks, id, rank, config->blocking != 0);
 }
 
-static void (*synchronize_all)(void);
 int ncclCommDestroy(Comm* c) {
   if (synchronize_all) synchronize_all(); /* its queued collectives use the segment */
   if (c->shared) munmap(c->shared, c->bytes);
@@ -329,7 +331,6 @@ static int ncclBroadcast_now(const void* s, void* r, size_t n, int t, int root, 
 }
 
 /* -- queued on the caller's stream, run when it gets there ------------------------------------------------ */
-typedef void (*Work)(void*);
 typedef struct {
   int kind, t, op, root;
   const void* s;
@@ -338,8 +339,6 @@ typedef struct {
   Comm* c;
 } Queued;
 
-static void (*stream_enqueue)(void*, Work, void*) = NULL;
-static void (*synchronize_all)(void);
 
 static void find_streams(void) {
   const char* path = getenv("DDL_CUDA_DRIVER");
