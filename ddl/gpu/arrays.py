@@ -1,14 +1,15 @@
 """Arrays on CUDA devices as ddl sees them: a pointer, shape, dtype, device and the caller's current stream.
 
-cupy arrays and torch CUDA tensors come in through DLPack (``__dlpack__``/``__dlpack_device__``), anything
-else that lives on a GPU through ``__cuda_array_interface__``. No framework is imported to find out: a numpy
-array never reaches this module, and cupy or torch are only asked for their current stream and for new arrays
-once one of their arrays was passed in.
+torch CUDA tensors are read through their own attributes (pointer, shape, strides, dtype: no DLPack capsule
+per call), cupy arrays through DLPack (``__dlpack__``/``__dlpack_device__``), anything else that lives on a GPU
+through ``__cuda_array_interface__``. No framework is imported to find out: a numpy array never reaches this
+module, and cupy or torch are only asked for their current stream and for new arrays once one of their arrays
+was passed in.
 
 Stream semantics: ddl orders its work after the caller's current stream on the array's device (what the
 framework reports as current when the call is made), and orders that stream after ddl's work, so kernels the
-caller queues next see the result. The call returns once ddl's MPI transfers are done; the device result is
-then complete in stream order.
+caller queues next see the result. Inside one node the call returns once the work is queued; with staged
+levels, once ddl's MPI transfers are done. Either way the device result is complete in stream order.
 """
 from __future__ import annotations
 
