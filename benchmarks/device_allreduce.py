@@ -77,30 +77,22 @@ def worker(repeats: int) -> dict:
                  HOST: lambda: staged.allreduce(h, out=h)}
         if pairs is not None:
             cases["ddl, NCCL pairs + MPI"] = lambda: pairs.allreduce(x, out=x)
-        for run in cases.values():
-            run()
-        torch.cuda.synchronize()
         burst = BURST if nbytes < BURST_BELOW else 1
-        samples = {k: [] for k in cases}
-        names = list(cases)
-        for r in range(repeats):
-            for k in names[r % len(names):] + names[:r % len(names)]:
-                x.fill_(1.0)
-                h.fill(1.0)
-                torch.cuda.synchronize()
-                staged.barrier()
-                start = time.perf_counter()
-                for _ in range(burst):
-                    cases[k]()
-                torch.cuda.synchronize()
-                samples[k].append((time.perf_counter() - start) / burst)
-                got = float(h[-1]) if k == HOST else float(x[-1])
-                want = float(size) ** burst  # (float32 rounds it where size is no power of two)
-                assert abs(got - want) <= 1e-5 * want, f"{k}: {got} != {want}"
+
+        def reset():
+            x.fill_(1.0)
+            h.fill(1.0)
+
+        def check(k):
+            got = float(h[-1]) if k == HOST else float(x[-1])
+            want = float(size) ** burst  # (float32 rounds it where size is no power of two)
+            assert abs(got - want) <= 1e-5 * want, f"{k}: {got} != {want}"
+
+        seconds = timed(torch, staged, cases, repeats, burst, reset, check)
         d2h, h2d = copy_bandwidth(torch, max(nbytes, 4), repeats)
         bound = staged.explain(nbytes).to_dict()["lower_bound_seconds"]
-        rows.append({"bytes": nbytes, "seconds": {k: statistics.median(v) for k, v in samples.items()},
-                     "d2h_GBps": d2h, "h2d_GBps": h2d, "bound_seconds": bound})
+        rows.append({"bytes": nbytes, "seconds": seconds, "d2h_GBps": d2h, "h2d_GBps": h2d,
+                     "bound_seconds": bound})
     others = sharded_collectives(torch, dist, default, size, repeats)
     dist.destroy_process_group()
     return {"ranks": size, "gpu": torch.cuda.get_device_name(), "mps": os.environ.get("DDL_BENCH_MPS") == "1",
@@ -119,23 +111,31 @@ def sharded_collectives(torch, dist, comm, size: int, repeats: int) -> list:
                  ("reduce_scatter", "NCCL alone"): lambda: dist.reduce_scatter_tensor(part, whole),
                  ("allgather", "ddl"): lambda: comm.allgather(part.view(1, -1), out=whole.view(size, -1)),
                  ("allgather", "NCCL alone"): lambda: dist.all_gather_into_tensor(whole, part)}
-        burst = BURST if nbytes < BURST_BELOW else 1
-        samples = {k: [] for k in cases}
-        names = list(cases)
-        for run in cases.values():
-            run()
-        for r in range(repeats):
-            for k in names[r % len(names):] + names[:r % len(names)]:
-                torch.cuda.synchronize()
-                comm.barrier()
-                start = time.perf_counter()
-                for _ in range(burst):
-                    cases[k]()
-                torch.cuda.synchronize()
-                samples[k].append((time.perf_counter() - start) / burst)
-        out += [{"collective": c, "who": who, "bytes": nbytes, "seconds": statistics.median(v)}
-                for (c, who), v in samples.items()]
+        seconds = timed(torch, comm, cases, repeats, BURST if nbytes < BURST_BELOW else 1)
+        out += [{"collective": c, "who": who, "bytes": nbytes, "seconds": t} for (c, who), t in seconds.items()]
     return out
+
+
+def timed(torch, comm, cases: dict, repeats: int, burst: int, reset=lambda: None, check=lambda k: None) -> dict:
+    """Each case's median seconds per call: every case once to warm up, then ``repeats`` rounds in rotating
+    order, each a burst of calls between barriers and device synchronisations (``reset`` before, ``check``
+    after each)."""
+    for run in cases.values():
+        run()
+    samples = {k: [] for k in cases}
+    names = list(cases)
+    for r in range(repeats):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            reset()
+            torch.cuda.synchronize()
+            comm.barrier()
+            start = time.perf_counter()
+            for _ in range(burst):
+                cases[k]()
+            torch.cuda.synchronize()
+            samples[k].append((time.perf_counter() - start) / burst)
+            check(k)
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def report(results: dict) -> str:

@@ -60,27 +60,31 @@ class DeviceCollectives:
 
     def _result(self, call, shape: tuple):
         """The call's out (checked when described), else a new array of the input's framework."""
-        if call.target is not None:
-            return call.target
-        return view(call.out, "out") if call.out is not None else view(call.array.empty(shape), "result")
+        return call.target if call.target is not None else view(call.array.empty(shape), "result")
+
+    def _agreed(self, call, problem, run, shape=None):
+        """The agreement round, then ``run(path, dst)`` where there is data (its size is agreed: every rank
+        alike), into the call's result (of ``shape(call)``, default the input's). Nothing of the input is read
+        before the round: an unusable one (no array at all) must still take part."""
+        with self.comm.lock:
+            self.comm.agree(call.text, problem)
+            a = call.array
+            dst = self._result(call, shape(call) if shape else a.shape)
+            if a.nbytes:
+                run(self._path(a.device), dst)
+        return dst.obj
 
     def _allreduce(self, call, problem):
-        a = call.array
-        with self.comm.lock:
-            self.comm.agree(call.text, problem)
-            dst = self._result(call, a.shape)
-            if a.size:
-                self._path(a.device).allreduce(a, dst, call.op, call.text)
-        return dst.obj
+        return self._agreed(call, problem, lambda path, dst: path.allreduce(call.array, dst, call.op, call.text))
 
     def _reduce_scatter(self, call, problem):
-        a, rows = call.array, call.known.rows
-        with self.comm.lock:
-            self.comm.agree(call.text, problem)
-            dst = self._result(call, (rows[self.comm.rank],) + a.shape[1:])
-            if a.size:
-                self._path(a.device).reduce_scatter(a, dst, rows, call.op, call.text)
-        return dst.obj
+        rows = call.known.rows
+        return self._agreed(call, problem,
+                            lambda path, dst: path.reduce_scatter(call.array, dst, rows, call.op, call.text),
+                            lambda c: (rows[self.comm.rank],) + c.array.shape[1:])
+
+    def _broadcast(self, call, problem):
+        return self._agreed(call, problem, lambda path, dst: path.broadcast(call.array, dst, call.root, call.text))
 
     def _allgather(self, call, problem):
         """Every rank's rows (and the first dimension of every out given) are learnt in the agreement round."""
@@ -100,15 +104,6 @@ class DeviceCollectives:
             dst = self._result(call, (total,) + a.shape[1:])
             if total and dst.nbytes:
                 self._path(a.device).allgather(a, dst, rows, call.text)
-        return dst.obj
-
-    def _broadcast(self, call, problem):
-        a = call.array
-        with self.comm.lock:
-            self.comm.agree(call.text, problem)
-            dst = self._result(call, a.shape)
-            if a.nbytes:
-                self._path(a.device).broadcast(a, dst, call.root, call.text)
         return dst.obj
 
     def allreduce_n(self, arrays: list, op: str) -> list:

@@ -152,21 +152,16 @@ class DevicePath:
             g.reduce_scatter(src.ptr, dst.ptr, rows[0] * row, dtype, rop, average)
             g.before(dst.stream)
             return
-        starts = _starts(rows)
-        blocks = [sum(rows[r] for r in ranks) * row for ranks in self.across]
-        blk = max(blocks)
+        blk, used, pieces = self._by_position(rows, row * es)
         if blk:
-            work = self._work_buffer(g.nranks * blk * es).ptr
-            for k, ranks in enumerate(self.across):  # block k: the rows of the members k, in their order
-                at = work + k * blk * es
-                for r in ranks:
-                    g.copy_dd(at, src.ptr + starts[r] * row * es, rows[r] * row * es)
-                    at += rows[r] * row * es
-            mine = work + self.position * blk * es
+            work = self._work_buffer(g.nranks * blk).ptr
+            for at, start, nbytes in pieces:
+                g.copy_dd(work + at, src.ptr + start, nbytes)
+            mine = work + self.position * blk
             # (avg: NCCL divides by the group's size, the outer levels by theirs: by every rank's in all)
-            g.reduce_scatter(work, mine, blk, dtype, rop, average)
+            g.reduce_scatter(work, mine, blk // es, dtype, rop, average)
             if outer:
-                block = self._down(mine, blocks[self.position] * es, label)
+                block = self._down(mine, used[self.position], label)
                 block = block.view(host_dtype(src.dtype)).reshape(-1, row)
                 part = self.outer.reduce_scatter(block, op, counts=[rows[r] for r in self.across[self.position]])
                 self._up(part, dst.ptr, label)
@@ -184,9 +179,7 @@ class DevicePath:
             g.all_gather(src.ptr, dst.ptr, rows[0] * row, u8)
             g.before(dst.stream)
             return
-        starts = _starts(rows)
-        blocks = [sum(rows[r] for r in ranks) * row for ranks in self.across]
-        blk = max(blocks)
+        blk, _, pieces = self._by_position(rows, row)
         if blk:
             work = self._work_buffer(g.nranks * blk).ptr
             mine = work + self.position * blk
@@ -196,12 +189,25 @@ class DevicePath:
             else:
                 g.copy_dd(mine, src.ptr, src.nbytes)
             g.all_gather(mine, work, blk, u8)
-            for k, ranks in enumerate(self.across):  # back in rank order
-                at = work + k * blk
-                for r in ranks:
-                    g.copy_dd(dst.ptr + starts[r] * row, at, rows[r] * row)
-                    at += rows[r] * row
+            for at, start, nbytes in pieces:  # back in rank order
+                g.copy_dd(dst.ptr + start, work + at, nbytes)
         g.before(dst.stream)
+
+    def _by_position(self, rows, row_bytes: int) -> tuple[int, list[int], list[tuple[int, int, int]]]:
+        """The layout NCCL's reduce-scatter and all-gather need when the group is not the communicator in rank
+        order, or rows differ: block k holds the rows of the members k of every group, in their outer order,
+        every block as long as the longest (NCCL's blocks are equal). Returns (bytes per block, each block's
+        bytes in use, (offset in the blocks, offset in rank order, bytes) of every rank's rows)."""
+        starts = list(itertools.accumulate(rows[:-1], initial=0))
+        used, pieces = [], []
+        for k, ranks in enumerate(self.across):
+            at = 0
+            for r in ranks:
+                pieces.append((k, at, starts[r] * row_bytes, rows[r] * row_bytes))
+                at += rows[r] * row_bytes
+            used.append(at)
+        blk = max(used)
+        return blk, used, [(k * blk + at, start, nbytes) for k, at, start, nbytes in pieces]
 
     def broadcast(self, src: DeviceArray, dst: DeviceArray, root: int, label: str) -> None:
         """dst = root's src on every rank (root's dst may be its src)."""
@@ -246,6 +252,3 @@ class DevicePath:
         g.work_after_copies()
 
 
-def _starts(rows) -> list[int]:
-    """Where each rank's rows begin."""
-    return list(itertools.accumulate(rows[:-1], initial=0))
