@@ -70,7 +70,8 @@ class Communicator(Planning, Submitting):
             raise type(e)(str(e) if str(e).startswith("rank ") else f"rank {rank}: {e}") from None
         self.tree, self.levels, self.topology, self._forced = choice.tree, choice.levels, choice.topology, choice.forced
         self.tree_source = choice.source
-        self.hierarchy = self.tree if hierarchical.depth(self.tree) >= 2 else None
+        # (the tree may be held as its sizes, tree.Regular: what users read is nested lists)
+        self.hierarchy = hierarchical.nested(self.tree) if hierarchical.depth(self.tree) >= 2 else None
         self._grid = grid_of(self.tree)  # the ranks as coordinates: what broadcast, allgather, reduce_scatter follow
         self._algos = tuple(o.algo.split(","))
         self.small_bytes = min(o.small_bytes, CAPACITY)  # payloads that ride in the agreement round

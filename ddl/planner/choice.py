@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..topology import LevelCost, default_level
-from ..topology.tree import depth, normalize
+from ..topology.tree import depth, nested, normalize
 from .model import (LEVEL_ALGORITHMS, MAX_BLOCKS, MIN_BLOCK_BYTES, TOP_ALGORITHMS, Phase, Shape, latency_phases,
                     link_seconds, phases, pipelined)
 
@@ -46,7 +46,7 @@ class Plan:
     inflight: int
 
     def to_dict(self) -> dict:
-        return dict(tree=self.tree, levels=[lv.to_dict() for lv in self.levels],
+        return dict(tree=nested(self.tree), levels=[lv.to_dict() for lv in self.levels],
                     algorithms=list(self.algorithms), shape=self.shape, block_bytes=self.block_bytes,
                     inflight=self.inflight)
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from ..topology import links
-from ..topology.tree import depth
+from ..topology.tree import Regular, depth
 
 LEVEL_ALGORITHMS = ("ring", "rabenseifner", "direct")
 TOP_ALGORITHMS = ("ring", "rabenseifner", "recursive_doubling", "direct", "exchange")
@@ -42,6 +42,13 @@ class Shape:
 
     @classmethod
     def of(cls, tree) -> "Shape":
+        if isinstance(tree, Regular):  # arithmetic: no walk over every rank
+            under = [1]
+            for g in tree.sizes[:-1]:
+                under.append(under[-1] * g)
+            n = tree.nranks
+            return cls(len(tree.sizes), tuple((g,) for g in tree.sizes), tuple(under),
+                       tuple(n // (u * g) for u, g in zip(under, tree.sizes)), n)
         d = depth(tree)
         sizes: list[set] = [set() for _ in range(d)]
         under = [math.inf] * d

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..schedule.algorithms import binomial_tree
 from ..schedule.ir import Op, Program, Step, number_tags
-from ..topology.tree import depth, leaves
+from ..topology.tree import depth, leaves, nested
 from .model import effective_algorithm, level_rounds
 from .programs import scatter_gather
 
@@ -58,6 +58,7 @@ class Grid:
 
 def grid_of(tree) -> Grid:
     """The grid of a normalized tree: its levels where they are even, else one flat level in tree order."""
+    tree = nested(tree)
     d = depth(tree)
     coords: dict[int, tuple[int, ...]] = {}
     sizes: list[set] = [set() for _ in range(d)]

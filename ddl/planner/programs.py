@@ -6,7 +6,7 @@ import bisect
 
 from ..schedule.algorithms import ALLREDUCE, halving_doubling
 from ..schedule.ir import shares, Op, Program, Step, number_tags
-from ..topology.tree import leaves
+from ..topology.tree import Regular, leaves
 from .model import Shape, effective_algorithm, latency_round_levels, level_rounds, top_rounds
 from .choice import Plan
 
@@ -15,7 +15,7 @@ def program(rank: int, plan: Plan, count: int) -> Program:
     """Rank ``rank``'s steps for an allreduce of ``count`` elements under ``plan`` (for one block)."""
     tree = plan.tree
     if plan.shape == "latency":
-        order = leaves(tree)
+        order = tree.ranks() if isinstance(tree, Regular) else leaves(tree)
         prog = ALLREDUCE["recursive_doubling"](order.index(rank), len(order), count)
         steps = [Step(s.round, s.op, order[s.peer], s.offset, s.count, level=0) for s in prog.steps]
         return Program(rank, number_tags(steps), prog.rounds)
@@ -135,6 +135,8 @@ def scatter_gather(i, group, bounds, algo, lo, rs0, ag0, lvl, out) -> None:
 
 def _group_of(tree, me: int) -> list[int]:
     """The innermost group holding ``me`` (a walk down the branch that contains it)."""
+    if isinstance(tree, Regular):
+        return tree.group_of(me)
     stack = [tree]
     while stack:
         t = stack.pop()
@@ -148,6 +150,8 @@ def _group_of(tree, me: int) -> list[int]:
 
 def _owners(tree, offset: int, count: int, ctx: _Context):
     """The tree one level shallower: each innermost group replaced by its owner of ``offset``."""
+    if isinstance(tree, Regular):  # every innermost group is alike: one member owns offset in all
+        return tree.owners(bisect.bisect_right(ctx.bounds(count, tree.sizes[0]), offset) - 1)
     if isinstance(tree[0], int):
         b = ctx.bounds(count, len(tree))
         return tree[bisect.bisect_right(b, offset) - 1]

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+from .compact import CompactTopology, is_compact
 from .graph import Topology
 from .validate import check_graph, check_machine
 from ..errors import TopologyError
@@ -21,6 +22,8 @@ def from_dict(d: dict, where: str = "topology") -> Topology:
         return Topology.from_dict(d)
     check_machine(d, where)
     try:
+        if is_compact(d):  # planned from its numbers; expanded only where asked (ddl.topology.compact)
+            return CompactTopology(d, _expand)
         return from_spec(d)
     except TopologyError as e:  # what only the expansion finds (two vertices of one name, ...)
         raise TopologyError(f"{where}: {e}") from None

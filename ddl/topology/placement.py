@@ -83,21 +83,7 @@ def device_for(t: Topology, rank: int, where: str, used: dict) -> str:
 def hierarchy(t: Topology, placement: list[str]) -> tuple[list, list[LevelCost]]:
     """(tree, levels): the nested groups of ranks (ddl.hierarchical's normalized form, innermost groups
     deepest) following the containment tree, and one LevelCost per level, innermost first."""
-    ranks_on: dict[str, list[int]] = {}
-    for r, d in enumerate(placement):
-        ranks_on.setdefault(d, []).append(r)
-    occupied: set = set()
-    for d in ranks_on:
-        while d is not None and d not in occupied:
-            occupied.add(d)
-            d = t.parent(d)
-
-    kids = t.children_index()
-
-    def build(v):  # (vertex, children) in containment order; ranks on v itself come last
-        return (v, [build(c) for c in kids.get(v, ()) if c in occupied] + ranks_on.get(v, []))
-
-    labeled = _simplify(build(t.roots()[0]))
+    labeled = labeled_tree(t, placement)
     if isinstance(labeled, int):
         return [labeled], []
     by_depth: list[list[tuple]] = []
@@ -111,7 +97,27 @@ def hierarchy(t: Topology, placement: list[str]) -> tuple[list, list[LevelCost]]
         levels.append(LevelCost(name, worst.link, max(c.alpha for c in costs), worst.bandwidth,
                                 max(c.gamma for c in costs), worst.via, min(c.escape for c in costs),
                                 all(c.measured for c in costs)))
-    return normalize(_strip(labeled)), levels
+    return normalize(strip(labeled)), levels
+
+
+def labeled_tree(t: Topology, placement: list[str], top: str | None = None):
+    """The occupied part of the containment tree below ``top`` (the root), groups of one dropped: a rank, or
+    (vertex, children) in containment order, ranks on a vertex itself after its children."""
+    ranks_on: dict[str, list[int]] = {}
+    for r, d in enumerate(placement):
+        ranks_on.setdefault(d, []).append(r)
+    occupied: set = set()
+    for d in ranks_on:
+        while d is not None and d not in occupied:
+            occupied.add(d)
+            d = t.parent(d)
+
+    kids = t.children_index()
+
+    def build(v):
+        return (v, [build(c) for c in kids.get(v, ()) if c in occupied] + ranks_on.get(v, []))
+
+    return _simplify(build(top or t.roots()[0]))
 
 
 def group_cost(t: Topology, group: tuple, placement: list[str]) -> LevelCost:
@@ -175,5 +181,6 @@ def _collect(node, depth: int, by_depth: list) -> None:
         _collect(k, depth + 1, by_depth)
 
 
-def _strip(node):
-    return node if isinstance(node, int) else [_strip(k) for k in node[1]]
+def strip(node):
+    """A labeled tree's ranks as nested lists."""
+    return node if isinstance(node, int) else [strip(k) for k in node[1]]

@@ -7,10 +7,82 @@ A hierarchy is a nested list whose leaves are ranks, innermost groups deepest: t
 """
 from __future__ import annotations
 
-Tree = "int | list[Tree]"
+from dataclasses import dataclass
+
+Tree = "int | list[Tree] | Regular"
+
+
+@dataclass(frozen=True)
+class Regular:
+    """A normalized tree every level of which has groups of one size, its leaves the ranks ``base``,
+    ``base + stride``, ... in tree order: what a machine of identical nodes under regular switches gives, kept
+    as its sizes so that planning never walks every rank (Summit's 27,648). ``sizes``: innermost first, each at
+    least 2. The planner reads it arithmetically; ``nested()`` is the same tree as nested lists."""
+
+    sizes: tuple[int, ...]
+    base: int = 0
+    stride: int = 1
+
+    def __post_init__(self):
+        if not self.sizes or min(self.sizes) < 2:
+            raise ValueError(f"a regular tree needs levels of at least 2: {self.sizes}")
+
+    @property
+    def nranks(self) -> int:
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n
+
+    def ranks(self) -> range:
+        """The leaves in tree order (a range: indexable and searchable without a list of every rank)."""
+        return range(self.base, self.base + self.stride * self.nranks, self.stride)
+
+    def group_of(self, rank: int) -> list[int]:
+        """The innermost group holding ``rank``."""
+        g = self.sizes[0]
+        first = (rank - self.base) // self.stride // g * g
+        return [self.base + self.stride * (first + i) for i in range(g)]
+
+    def owners(self, member: int) -> "Regular | list[int]":
+        """The tree one level shallower: each innermost group replaced by its member ``member``."""
+        base = self.base + self.stride * member
+        if len(self.sizes) == 1:
+            return [base]
+        return Regular(self.sizes[1:], base, self.stride * self.sizes[0])
+
+    # A one-level tree is read as the list of its ranks
+    def __len__(self) -> int:
+        return self.sizes[-1]
+
+    def index(self, rank: int) -> int:
+        return self.ranks().index(rank)
+
+    def __getitem__(self, k: int):
+        if len(self.sizes) != 1:
+            return self.nested()[k]
+        return self.ranks()[k]
+
+    def __eq__(self, other) -> bool:  # equal to the nested lists of the same tree
+        if isinstance(other, Regular):
+            return (self.sizes, self.base, self.stride) == (other.sizes, other.base, other.stride)
+        return isinstance(other, list) and self.nested() == other
+
+    def nested(self) -> list:
+        tree: list = list(self.ranks())
+        for g in self.sizes[:-1]:
+            tree = [tree[i:i + g] for i in range(0, len(tree), g)]
+        return tree
+
+
+def nested(tree):
+    """The tree as nested lists (a Regular expanded; anything else as it is)."""
+    return tree.nested() if isinstance(tree, Regular) else tree
 
 
 def depth(tree) -> int:
+    if isinstance(tree, Regular):
+        return len(tree.sizes)
     return 0 if isinstance(tree, int) else 1 + max((depth(t) for t in tree), default=0)
 
 
@@ -18,6 +90,8 @@ def normalize(tree) -> list:
     """Checks the tree, drops levels that do not branch (a group of one group), and pads it so every rank
     sits at the same depth (a lone rank beside groups becomes a group of one). Raises ValueError naming what
     is wrong."""
+    if isinstance(tree, Regular):
+        return tree
     if isinstance(tree, int) or not tree:
         raise ValueError("a hierarchy is a non-empty list of groups or ranks")
     ranks = leaves(tree)
@@ -70,10 +144,12 @@ def _product(dims) -> int:
 
 def describe(tree) -> str:
     """A short, stable text of a tree (for call hashes and plan keys)."""
-    return repr(tree).replace(" ", "")
+    return repr(nested(tree)).replace(" ", "")  # one text for one tree, however it is held
 
 
 def leaves(tree) -> list[int]:
+    if isinstance(tree, Regular):
+        return list(tree.ranks())
     if isinstance(tree, int):
         return [tree]
     return [r for t in tree for r in leaves(t)]
