@@ -63,7 +63,7 @@ class Explanation:
             algo = p.algorithms[i] if p.shape == "hierarchical" else "(recursive doubling)"
             lines.append(f"{i:<6}{lv.name[:9]:<10}{shape.groups[i]:>8}  {sizes:<10}{lv.link:<10}{lv.via:<8}"
                          f"{lv.alpha * 1e6:>7.1f}us{lv.bandwidth / 1e9:>9.3f}  "
-                         f"{'measured' if lv.measured else 'nominal':<9}{algo:<20}"
+                         f"{lv.costs:<9}{algo:<20}"
                          f"{format_size(self.link_bytes[i]):>15}")
         lines.append("phases, in order (whole buffer, unpipelined):")
         for ph in self.phases:

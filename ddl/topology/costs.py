@@ -24,11 +24,16 @@ class LevelCost:
     gamma: float
     via: str = "uplink"
     outside: float = 0.0  # 0: the same as bandwidth
-    measured: bool = False  # alpha and bandwidth come from the probe (else from the nominal link table)
+    measured: bool | str = False  # from the probe: True, or "calibrated" under an allreduce's load (else nominal)
 
     def to_dict(self) -> dict:
         return dict(name=self.name, link=self.link, alpha=self.alpha, bandwidth=self.bandwidth, gamma=self.gamma,
                     via=self.via, outside=self.outside, measured=self.measured)
+
+    @property
+    def costs(self) -> str:
+        """How the figures were obtained: nominal (the link table), probed, or calibrated."""
+        return "calibrated" if self.measured == "calibrated" else "probed" if self.measured else "nominal"
 
     @property
     def escape(self) -> float:

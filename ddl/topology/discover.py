@@ -255,9 +255,9 @@ def _probed_switches(t: Topology, probed, network: str) -> dict[str, tuple[str, 
     below was paid at lower levels."""
     levels = probed.levels
     hop = [max(0.0, lv.latency - links.SOFTWARE_OVERHEAD) / 2 for lv in levels]
-    measured = probed.source == "probe"
+    measured = [probed.source == "probe" and ("calibrated" if lv.how == "calibrated" else True) for lv in levels]
     link = lambda k: {"kind": network, "bandwidth": levels[k].bandwidth / 1e9, "latency": hop[k] * 1e6,
-                      "measured": measured}
+                      "measured": measured[k]}
     out: dict[str, tuple[str, dict]] = {}
     counter = [0] * len(levels)
 

@@ -30,7 +30,7 @@ def tree_text(t: Topology, siblings: int = 3) -> str:
         if p is not None:
             e = t.graph[v][p]
             bits.append(f"up {e['kind']}x{e['links']} {e['bandwidth']:g} GB/s {e['latency']:g} us"
-                        + (" (measured)" if e.get("measured") else ""))
+                        + ((" (calibrated)" if e["measured"] == "calibrated" else " (measured)") if e.get("measured") else ""))
         peers = [(u, e) for u, e in t.graph[v].items() if not e["uplink"]]
         if peers:
             bits.append("peers " + ", ".join(f"{u.rsplit('/', 1)[-1]}:{e['kind']}x{e['links']}"

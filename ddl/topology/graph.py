@@ -56,7 +56,7 @@ class Topology:
         return vid
 
     def link(self, a: str, b: str, kind: str, links_: int | None = None, bandwidth: float | None = None,
-             latency: float | None = None, uplink: bool = False, measured: bool = False, **extra) -> None:
+             latency: float | None = None, uplink: bool = False, measured: bool | str = False, **extra) -> None:
         count = int(extra.pop("links", links_ or 1))
         if extra:
             raise TopologyError(f"link {a}-{b}: unknown fields {sorted(extra)}")
@@ -72,7 +72,7 @@ class Topology:
         if bw <= 0 or lat < 0 or count < 1:
             raise TopologyError(f"link {a}-{b}: bandwidth must be > 0, latency >= 0, links >= 1")
         self.graph.add_edge(a, b, kind=kind, links=count, bandwidth=bw, latency=lat, uplink=uplink,
-                            **({"measured": True} if measured else {}))
+                            **({"measured": measured} if measured else {}))
         if not uplink:
             self._peer_edges.append((a, b))
         self._version += 1

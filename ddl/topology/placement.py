@@ -96,7 +96,7 @@ def hierarchy(t: Topology, placement: list[str]) -> tuple[list, list[LevelCost]]
         name = Counter(c.name for c in costs).most_common(1)[0][0]
         levels.append(LevelCost(name, worst.link, max(c.alpha for c in costs), worst.bandwidth,
                                 max(c.gamma for c in costs), worst.via, min(c.escape for c in costs),
-                                all(c.measured for c in costs)))
+                                _how_measured([c.measured for c in costs])))
     return normalize(strip(labeled)), levels
 
 
@@ -152,6 +152,13 @@ def group_cost(t: Topology, group: tuple, placement: list[str]) -> LevelCost:
     bw, kind, lat, via, outside, measured = worst
     return LevelCost(name, kind, lat * 1e-6 + links.SOFTWARE_OVERHEAD, bw * 1e9, gamma, via, outside * 1e9,
                      measured)
+
+
+def _how_measured(values: list):
+    """A level's ``measured`` from its groups': theirs where they agree, probed where all were measured."""
+    if all(v == values[0] for v in values):
+        return values[0]
+    return all(values)
 
 
 def _simplify(node):

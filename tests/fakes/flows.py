@@ -1,6 +1,8 @@
 """A simulated switched network for the probe's tests: a tree of switches over hosts, each link with a capacity
 per direction, and max-min fair sharing among the flows of a round (what TCP flows through shared links come
-close to). Noise, when asked for, multiplies each rate by a random factor, as a busy machine would."""
+close to). Noise, when asked for, multiplies each rate by a random factor, as a busy machine would. A ``skew``
+(seconds) has every receiver start its clock that late, as a leader passing a round's barrier after its sender
+does: a flow of ``nbytes`` then reads faster than its share, the more the shorter it is."""
 from __future__ import annotations
 
 import random
@@ -11,9 +13,20 @@ from ddl.topology.probe.grouping import Flow
 
 class Network:
     def __init__(self, host_switch: dict[str, str], parent: dict[str, str | None], nic: float,
-                 uplink: dict[str, float], noise: float = 0.0, seed: int = 0, latency: float = 20e-6):
+                 uplink: dict[str, float], noise: float = 0.0, seed: int = 0, latency: float = 20e-6,
+                 skew: float = 0.0, nbytes: float = 1e6):
         self.host_switch, self.parent, self.nic, self.uplink = host_switch, parent, nic, uplink
         self.noise, self.rng, self.latency = noise, random.Random(seed), latency
+        self.skew, self.nbytes = skew, nbytes
+
+    def size_flows(self, nbytes: float) -> int:
+        """The probe's calibration sets the flows' bytes through this (capped as ddl's measure caps them)."""
+        self.nbytes = int(min(16 << 20, max(64 << 10, nbytes)))
+        return self.nbytes
+
+    def _read(self, rate: float) -> float:
+        """The rate a receiver reads for a flow of ``nbytes`` whose share is ``rate``."""
+        return self.nbytes / max(self.nbytes / rate - self.skew, self.nbytes / (100 * rate))
 
     @classmethod
     def tree(cls, shape: list, nic: float, uplinks: list[float], **kw) -> "Network":
@@ -76,7 +89,8 @@ class Network:
         def run(pattern, index):
             rates = self.rates([(hosts[s], hosts[d]) for s, d in pattern])
             jitter = lambda: 1 + self.rng.uniform(-self.noise, self.noise)
-            return [Flow(index, s, d, r * jitter(), self.latency * jitter()) for (s, d), r in zip(pattern, rates)]
+            return [Flow(index, s, d, self._read(r) * jitter(), self.latency * jitter())
+                    for (s, d), r in zip(pattern, rates)]
         return run
 
 

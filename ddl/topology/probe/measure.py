@@ -15,6 +15,7 @@ from dataclasses import asdict
 
 import numpy as np
 
+from .calibrate import REPEATS as CALIBRATION_REPEATS, SECONDS as CALIBRATION_SECONDS, calibrate
 from .grouping import Flow
 from .result import ProbeError, ProbeResult, utc_now
 from .schedule import DEFAULT_WINDOW, patterns
@@ -141,9 +142,18 @@ def probe(comm, rank_hosts: list[str], budget: float, timeout: float, window: in
         started = time.perf_counter()
         run.calibrate(4 * repeats * len(patterns(len(hosts), window)))
         result = survey(hosts, run.round, window, repeats)
+        flow_bytes = run.nbytes
+        # The levels' figures under an allreduce's load, on a budget of their own (a few short rounds per level)
+        loaded = Leaders(sub, hosts, 2.0 + 1.5 * len(result.levels), timeout)
+
+        def size_flows(nbytes: float) -> int:  # (the same on every leader: it follows from the survey)
+            loaded.nbytes = int(min(MAX_BYTES, max(MIN_BYTES, nbytes)))
+            return loaded.nbytes
+        result = calibrate(result, hosts, loaded.round, size_flows, first_round=result.rounds)
         result.seconds = time.perf_counter() - started
         result.measured_at = utc_now()
-        result.settings = {"window": window, "repeats": repeats, "budget": budget, "flow_bytes": run.nbytes}
+        result.settings = {"window": window, "repeats": repeats, "budget": budget, "flow_bytes": flow_bytes,
+                           "calibration": {"seconds": CALIBRATION_SECONDS, "repeats": CALIBRATION_REPEATS}}
         return result.to_dict()
 
     outcome = _on_leaders(comm, rank_hosts, survey_as_leader, budget + 4 * timeout)

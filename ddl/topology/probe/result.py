@@ -18,14 +18,17 @@ class ProbeError(TopologyError):
 @dataclass(frozen=True)
 class Level:
     """One level of the switch tree, innermost first: its children (hosts, then groups) reach each other at
-    ``bandwidth`` bytes/s each under load (the child's uplink) and ``latency`` seconds one way."""
+    ``bandwidth`` bytes/s each under load (the child's uplink) and ``latency`` seconds one way. ``how``: "probed"
+    (the survey's rounds) or "calibrated" (an allreduce's load, ddl.topology.probe.calibrate)."""
     name: str
     bandwidth: float
     latency: float
     groups: int
+    how: str = "probed"
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "bandwidth": self.bandwidth, "latency": self.latency, "groups": self.groups}
+        return {"name": self.name, "bandwidth": self.bandwidth, "latency": self.latency, "groups": self.groups,
+                "how": self.how}
 
 
 @dataclass
@@ -76,7 +79,10 @@ class ProbeResult:
                 raise bad(f"levels[{i}].latency: must be between 0 and 10 s")
             if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
                 raise bad(f"levels[{i}].groups: must be a positive whole number")
-            out.append(Level(str(lv.get("name", LEVEL_NAMES[min(i, 3)])), float(bw), float(lat), groups))
+            how = lv.get("how", "probed")
+            if how not in ("probed", "calibrated"):
+                raise bad(f"levels[{i}].how: must be probed or calibrated")
+            out.append(Level(str(lv.get("name", LEVEL_NAMES[min(i, 3)])), float(bw), float(lat), groups, how))
         tree = d.get("tree")
         found = _hosts_of(tree, bad, len(out))
         if sorted(found) != sorted(hosts) or len(set(found)) != len(found):
