@@ -22,11 +22,13 @@ import numpy as np
 from .. import _native
 from ..errors import DDLError, MismatchError, RankFailure, TransportError
 from ..options import Options, parse
+from ..planner.explain import explain
 from ..planner.per_level import grid_of
 from ..planner.sources import choose_tree
 from ..schedule.compile import CompiledPipeline
 from ..topology import discover
 from ..topology import tree as hierarchical
+from ..topology.probe.session import doubt_cached
 from ..topology.switches import switch_levels
 from . import bootstrap, devices, failures, flight, host, paths, timeline
 from .agreement import CAPACITY, Agreement, hash64
@@ -36,6 +38,7 @@ from .diagnostics import CallTimer
 from .join import beside_joined, serve_until_all_joined
 from .packing import pack_groups
 from .parts import Scratch
+from .plan_check import PlanCheck
 from .planning import Planning
 from .plans import PlanCache
 from .road import Road
@@ -68,10 +71,12 @@ class Communicator(Planning, Submitting):
             choice = choose_tree(o, rank, size, hierarchy, topology, reports, probed)
         except DDLError as e:  # the same error type, always naming the rank
             raise type(e)(str(e) if str(e).startswith("rank ") else f"rank {rank}: {e}") from None
-        self.tree, self.levels, self.topology, self._forced = choice.tree, choice.levels, choice.topology, choice.forced
+        self.levels, self.topology, self._forced = choice.levels, choice.topology, choice.forced
+        # The planner reads the tree as it came (a compact machine's is its group sizes, tree.Regular: no walk
+        # over every rank); users and the per-level collectives read nested lists.
+        self._plan_tree, self.tree = choice.tree, hierarchical.nested(choice.tree)
         self.tree_source = choice.source
-        # (the tree may be held as its sizes, tree.Regular: what users read is nested lists)
-        self.hierarchy = hierarchical.nested(self.tree) if hierarchical.depth(self.tree) >= 2 else None
+        self.hierarchy = self.tree if hierarchical.depth(self.tree) >= 2 else None
         self._grid = grid_of(self.tree)  # the ranks as coordinates: what broadcast, allgather, reduce_scatter follow
         self._algos = tuple(o.algo.split(","))
         self.small_bytes = min(o.small_bytes, CAPACITY)  # payloads that ride in the agreement round
@@ -113,6 +118,9 @@ class Communicator(Planning, Submitting):
         self._calls = Calls(rank, size, self.agreement, o.timeout, self.host_memory is not None, size == 1)
         self.road = Road(paths.table(self), o.path, quick, self._native, self.drain,
                          self._timed if self._timer is not None or self._recorder is not None else None)
+        # rank 0 times its first large allreduces against the plan's prediction (ddl.core.plan_check)
+        self.plan_check = PlanCheck(lambda n: explain(self.plan_for(n), n), self._doubt_probe, o.dbg_level >= 1,
+                                    enabled=rank == 0 and len(set(self.hosts or ())) > 1)
         self._origin = 0
         if self._recorder is not None:  # one time origin for every rank's track: right after a barrier (hosts'
             if mpi_comm is not None:    # clocks differ; loopback ranks are threads sharing one clock)
@@ -233,6 +241,12 @@ class Communicator(Planning, Submitting):
         finally:
             if self._recorder is not None:
                 self._recorder.ran(plan.phases, plan.algorithm, options.label)
+
+    def _doubt_probe(self, text: str) -> str:
+        """Marks the probe's cached result for these hosts doubtful (when the plan came from it); says what was done."""
+        if self.tree_source != "probe" or not self.hosts:
+            return f"the levels came from {self.tree_source}, not from the probe"
+        return doubt_cached(self.hosts, text)
 
     def _name_absent(self, e: TransportError, label: str) -> TransportError:
         seq = self._executor.runs()[-1][0] if self._flight is not None and self._executor.runs() else -1

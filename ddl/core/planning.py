@@ -29,7 +29,7 @@ def default_block_bytes(nbytes: int) -> int:
 
 
 class Planning:
-    """The communicator's ``tree``, ``levels``, ``options``, ``plans`` (a PlanCache) and ``_chosen``, ``_forced``,
+    """The communicator's ``_plan_tree``, ``levels``, ``options``, ``plans`` (a PlanCache) and ``_chosen``, ``_forced``,
     ``_algos``, ``_grid`` are what these read."""
 
     def plan_for(self, nbytes: int) -> Plan:
@@ -40,7 +40,7 @@ class Planning:
         if plan is None:
             o, flat = self.options, len(self.levels) == 1
             try:
-                plan = choose(self.tree, self.levels, nbytes, self._algos,
+                plan = choose(self._plan_tree, self.levels, nbytes, self._algos,
                               o.segment or (default_block_bytes(nbytes) if flat else None),
                               o.inflight or (2 if flat else None))
             except ValueError as e:

@@ -35,7 +35,6 @@ from .. import _native
 from ..core.communicator import Communicator
 from ..core.dtypes import native_dtype_name, native_op_name
 from ..errors import DeviceError
-from ..topology.tree import nested
 from .arrays import DeviceArray, host_dtype
 from .groups import cross_tree, nccl_groups, shard
 from .libraries import load_driver, load_nccl
@@ -50,7 +49,7 @@ class DevicePath:
         self.comm, self.device = comm, device
         self.driver = load_driver()
         nccl = load_nccl()
-        groups = nccl_groups(nested(comm.tree), comm.hosts, levels)
+        groups = nccl_groups(comm.tree, comm.hosts, levels)
         mine = next(g for g in groups if comm.rank in g)
         self.position = mine.index(comm.rank)
         # Position k's members of every group, in their outer communicator's rank order (Split by rank), and
@@ -73,7 +72,7 @@ class DevicePath:
             sub = comm.mpi_comm.Split(self.position, comm.rank)
             try:  # from_mpi works on its own duplicate
                 self.outer = Communicator.from_mpi(sub, comm.options,
-                                                   hierarchy=cross_tree(nested(comm.tree), groups, self.position))
+                                                   hierarchy=cross_tree(comm.tree, groups, self.position))
             finally:
                 sub.Free()
         self._work: _native.DeviceBuffer | None = None

@@ -1,9 +1,9 @@
 """The MPI side of the cluster tests: reports what ddl sees, then allreduces and checks the result.
 
-    job.py REPORT_FILE [SIZE_BYTES [auto|flat-ring]]
+    job.py REPORT_FILE [SIZE_BYTES [auto|flat-ring [TIMES]]]
 
 Runs under mpirun or torchrun. Rank 0 writes {"hosts": ..., "tree": ..., "levels": ...} to REPORT_FILE; with SIZE_BYTES every rank allreduces
-float32 values rank+1 once and exits 1 if an element differs from the closed form p(p+1)/2.
+float32 values rank+1 (TIMES times, once unless given) and exits 1 if an element differs from the closed form p(p+1)/2.
 """
 import json
 import sys
@@ -29,11 +29,12 @@ def main() -> int:
                        "num_hosts": ddl.num_hosts()}, f)
     if len(sys.argv) > 2:
         x = np.full(int(sys.argv[2]) // 4, comm.rank + 1, np.float32)
-        y = c.allreduce(x)
         p = comm.size
-        if not np.array_equal(y, np.full_like(x, p * (p + 1) / 2)):
-            print(f"rank {comm.rank}: wrong allreduce result", file=sys.stderr)
-            return 1
+        for _ in range(int(sys.argv[4]) if len(sys.argv) > 4 else 1):
+            y = c.allreduce(x)
+            if not np.array_equal(y, np.full_like(x, p * (p + 1) / 2)):
+                print(f"rank {comm.rank}: wrong allreduce result", file=sys.stderr)
+                return 1
     return 0
 
 

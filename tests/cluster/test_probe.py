@@ -28,13 +28,13 @@ def host_groups(topology) -> list:
     return walk(t.roots()[0])
 
 
-def found_by_probe(spec: str, tmp_path, extra_env=None) -> tuple[dict, str]:
+def found_by_probe(spec: str, tmp_path, extra_env=None, size=1 << 20, times=1) -> tuple[dict, str]:
     report = tmp_path / "report.json"
     env = {"DDL_PROBE_CACHE": str(tmp_path / "cache"), "DDL_PROBE_BUDGET": "40", "DDL_OPTIONS": "-dbg_level 1",
            **(extra_env or {})}
     with cluster.Cluster(spec) as c:
-        done = c.mpirun([sys.executable, JOB, str(report), str(1 << 20)], timeout=240, quiet=True, capture=True,
-                        tell_topology=False, env=env)
+        done = c.mpirun([sys.executable, JOB, str(report), str(size), "auto", str(times)], timeout=240, quiet=True,
+                        capture=True, tell_topology=False, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return json.loads(report.read_text()), done.stderr
 
@@ -95,3 +95,24 @@ def test_a_probe_past_its_budget_falls_back_to_hosts(tmp_path):
     report, log = found_by_probe("2x2x1:nic=200mbit:uplink=100mbit", tmp_path, {"DDL_PROBE_BUDGET": "0.05"})
     assert "past its budget" in log and "falling back" in log
     assert report["tree"] == [0, 1, 2, 3]  # hosts alone: one switch
+
+
+def test_a_plan_far_below_its_prediction_says_so_and_its_cache_is_measured_again(tmp_path):
+    """A cached result claiming links 20x faster than they are, trusted as it is (DDL_PROBE=trust: no
+    verification): the job's first allreduces run far below what its plan predicts, rank 0 says so and marks the
+    cache doubtful; the next job measures afresh instead of verifying it, and plans right."""
+    spec = "2x2x1:nic=200mbit:uplink=100mbit"
+    first, _ = found_by_probe(spec, tmp_path)
+    (entry,) = (tmp_path / "cache").glob("probe-*.json")
+    cached = json.loads(entry.read_text())
+    for level in cached["levels"]:
+        level["bandwidth"] *= 20
+    entry.write_text(json.dumps(cached))
+    report, log = found_by_probe(spec, tmp_path, {"DDL_PROBE": "trust", "DDL_OPTIONS": ""}, 4 << 20, 8)
+    assert "plan check: allreduce of 4 MiB" in log and "far below the prediction" in log, log
+    assert "is marked doubtful: the next job over them measures afresh" in log, log
+    assert "plan check: allreduce of 4 MiB" in json.loads(entry.read_text())["doubtful"]
+    again, log = found_by_probe(spec, tmp_path, {"DDL_PROBE": "1"}, 4 << 20, 8)
+    assert "was marked doubtful by a job" in log and "probe measured" in log, log
+    assert "far below" not in log and again["tree"] == first["tree"], log
+    assert "plan check: allreduce of 4 MiB" in log  # -dbg_level 1: the check reported when it holds too

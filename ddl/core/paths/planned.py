@@ -70,8 +70,9 @@ class Planned:
         """ddl's own allreduce of a contiguous 1-D buffer, in place, with no agreement round (the caller holds
         ``lock`` and has agreed)."""
         if flat.size:
-            self.comm.execute(self.comm.allreduce_plan(flat.size, flat.itemsize), raw(flat),
-                              self._options(text, dtype, op, factor))
+            with self.comm.plan_check.timed(flat.nbytes):
+                self.comm.execute(self.comm.allreduce_plan(flat.size, flat.itemsize), raw(flat),
+                                  self._options(text, dtype, op, factor))
 
     def _broadcast(self, call) -> np.ndarray:
         comm, a, out = self.comm, call.array, call.out

@@ -44,6 +44,7 @@ class ProbeResult:
     measured_at: str = ""            # when (UTC, ISO 8601)
     settings: dict = field(default_factory=dict)  # how: window, repeats, budget, flow bytes
     verified_at: str = ""            # when a job last checked it against the network (UTC, ISO 8601)
+    doubtful: str = ""               # why a job did not believe it (its plan ran far below its prediction)
 
     @property
     def depth(self) -> int:
@@ -53,7 +54,7 @@ class ProbeResult:
         return {"format": FORMAT, "hosts": self.hosts, "tree": self.tree,
                 "levels": [lv.to_dict() for lv in self.levels], "seconds": self.seconds, "rounds": self.rounds,
                 "flows": self.flows, "notes": self.notes, "source": self.source, "measured_at": self.measured_at,
-                "settings": self.settings, "verified_at": self.verified_at}
+                "settings": self.settings, "verified_at": self.verified_at, "doubtful": self.doubtful}
 
     @classmethod
     def from_dict(cls, d, where: str = "probe result") -> "ProbeResult":
@@ -92,7 +93,7 @@ class ProbeResult:
                    int(d.get("flows", 0)), [str(n) for n in d.get("notes", [])],
                    "scheduler" if d.get("source") == "scheduler" else "probe", str(d.get("measured_at", "")),
                    dict(settings) if isinstance(settings, dict) else {},
-                   str(d.get("verified_at", "")))
+                   str(d.get("verified_at", "")), str(d.get("doubtful", "")))
 
 
 def utc_now() -> str:

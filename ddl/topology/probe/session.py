@@ -51,7 +51,11 @@ def survey_hosts(comm, rank_hosts: list[str], options, environ=os.environ) -> Ou
     if folder != "off" and options.probe != "force":
         found, note = cache.load(folder, hosts) if comm.rank == 0 else (None, None)
         found = comm.bcast(found.to_dict() if found is not None else None, root=0)
-        if found is not None:
+        doubted = found is not None and found.get("doubtful")
+        if doubted:
+            warning = (f"the cached result for these hosts (measured {found.get('measured_at') or 'at an unknown time'}) "
+                       f"was marked doubtful by a job: {doubted}; measuring again")
+        if found is not None and not doubted:
             cached = ProbeResult.from_dict(found)
             if options.probe == "trust":
                 return Outcome(cached, "cached (trusted, not verified)")
@@ -80,6 +84,20 @@ def survey_hosts(comm, rank_hosts: list[str], options, environ=os.environ) -> Ou
         if written:
             result.notes.append(written)
     return Outcome(result, "measured", time.perf_counter() - start, warning)
+
+
+def doubt_cached(rank_hosts: list[str], why: str, environ=os.environ) -> str:
+    """Marks the cached result for these hosts doubtful (the next job measures afresh); says what it did."""
+    folder = config.get("DDL_PROBE_CACHE", environ) or cache.default_directory()
+    if folder == "off":
+        return "the probe's cache is off (DDL_PROBE_CACHE=off)"
+    found, _ = cache.load(folder, sorted(set(rank_hosts)))
+    if found is None:
+        return "the probe's cache holds no result for these hosts"
+    found.doubtful = f"{utc_now()}: {why}"
+    failed = _save(folder, found)
+    return failed or (f"the probe's cached result for these hosts ({cache.path(folder, found.hosts)}) is marked "
+                      f"doubtful: the next job over them measures afresh")
 
 
 def _save(folder: str, result: ProbeResult) -> str | None:

@@ -1,0 +1,90 @@
+"""A plan checked against what it does: a communicator's first large allreduces are timed, and where they run
+far below what the plan predicts the job says so.
+
+A probe that read noise as structure, or a network that changed under a cached result, plans a job that runs at
+a fraction of what it could, and nothing else would tell the user. So on every communicator that plans over the
+network, rank 0 times its first allreduces of each size from ``MIN_BYTES`` (after the first call of a size:
+connections and first touches), and after ``SAMPLES`` of them compares their median with the plan's prediction
+(its cost model, with the level figures it planned with). Below ``SLOW`` of the prediction it warns, whatever
+``-dbg_level`` (once per communicator), naming the size, the times, the lower bound and how the level figures
+were obtained; where those came from the probe's cache, the cached result is marked doubtful, and the next job
+over these hosts measures afresh instead of verifying it. With ``-dbg_level 1`` every check is reported.
+Rank 0's own times decide: a check, not an agreement (nothing any rank does depends on it).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+from ..units import format_size
+
+MIN_BYTES = 1 << 20
+SAMPLES = 5
+SLOW = 0.85
+SIZES = 4  # sizes checked per communicator, at most
+
+
+class PlanCheck:
+    """``explain(nbytes)``: the plan's Explanation for that size; ``doubt(text)``: what to do with a result the
+    check does not believe (mark the probe's cache); ``verbose``: report every check (-dbg_level 1)."""
+
+    def __init__(self, explain, doubt, verbose: bool, say=None, enabled: bool = True):
+        self.explain, self.doubt, self.verbose, self.enabled = explain, doubt, verbose, enabled
+        self.say = say or (lambda text: print(f"ddl: {text}", file=sys.stderr, flush=True))
+        self.samples: dict[int, list[float]] = {}
+        self.checked: dict[int, float] = {}  # size -> measured / predicted time
+        self.warned = False
+
+    def timed(self, nbytes: int):
+        """A context manager timing one allreduce of ``nbytes`` (a no-op once the size is checked)."""
+        if not self.enabled or nbytes < MIN_BYTES or nbytes in self.checked or (len(self.checked) >= SIZES and
+                                                            nbytes not in self.samples):
+            return _NOTHING
+        return _Timer(self, nbytes)
+
+    def ran(self, nbytes: int, seconds: float) -> None:
+        runs = self.samples.setdefault(nbytes, [])
+        runs.append(seconds)
+        if len(runs) <= SAMPLES:  # the first call of a size is not counted
+            return
+        del self.samples[nbytes]
+        measured = statistics.median(runs[1:])
+        e = self.explain(nbytes)
+        self.checked[nbytes] = measured / e.predicted
+        reached = e.predicted / measured
+        costs = ", ".join(f"{lv.name} {lv.costs}" for lv in e.plan.levels)
+        text = (f"plan check: allreduce of {format_size(nbytes)} took {measured * 1e3:.2f} ms (median of {SAMPLES}); "
+                f"the plan predicted {e.predicted * 1e3:.2f} ms, so it ran at {reached:.0%} of its prediction and "
+                f"{e.bound / measured:.0%} of the lower bound (level figures: {costs})")
+        if reached < SLOW and not self.warned:
+            self.warned = True
+            self.say(f"{text}: far below the prediction. The levels or their figures may be wrong (a probe misled "
+                     f"by noise, a network changed since it was measured) or the hosts are busy; "
+                     f"{self.doubt(text)}")
+        elif self.verbose:
+            self.say(text)
+
+
+class _Timer:
+    def __init__(self, check: PlanCheck, nbytes: int):
+        self.check, self.nbytes = check, nbytes
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, kind, *_):
+        if kind is None:
+            self.check.ran(self.nbytes, time.perf_counter() - self.start)
+        return False
+
+
+class _Nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *_):
+        return False
+
+
+_NOTHING = _Nothing()

@@ -1,0 +1,99 @@
+"""ddl.core.plan_check: a communicator's first large allreduces against its plan's prediction. Fake
+explanations with known predictions, times given by hand; what is said is collected."""
+from dataclasses import dataclass
+
+from ddl.core.plan_check import MIN_BYTES, SAMPLES, SIZES, PlanCheck
+from ddl.topology import LevelCost
+
+
+@dataclass
+class Told:
+    plan: object
+    predicted: float
+    bound: float
+
+
+@dataclass
+class Plan:
+    levels: tuple
+
+
+LEVELS = (LevelCost("leaf", "veth", 2e-5, 1.25e8, 2.5e-10, measured="calibrated"),
+          LevelCost("spine", "veth", 2e-5, 6e7, 2.5e-10, measured=True))
+
+
+def checker(predicted=0.1, verbose=False, enabled=True):
+    said, doubted = [], []
+    check = PlanCheck(lambda n: Told(Plan(LEVELS), predicted, 0.09), lambda text: doubted.append(text) or "doubted",
+                      verbose, said.append, enabled)
+    return check, said, doubted
+
+
+def test_a_run_far_below_its_prediction_is_said_once_and_doubted():
+    check, said, doubted = checker(predicted=0.1)
+    for _ in range(SAMPLES):  # the first call is not counted: connections and first touches
+        check.ran(MIN_BYTES, 0.1)
+    assert said == []
+    check.ran(MIN_BYTES, 0.2)
+    assert said == []  # five of 0.1 s and one ignored: the median holds the prediction
+    check, said, doubted = checker(predicted=0.1)
+    for s in [5.0] + [0.13, 0.2, 0.12, 0.15, 0.11]:  # median 0.13 s: 77 % of the prediction
+        check.ran(2 * MIN_BYTES, s)
+    assert len(said) == 1 and "allreduce of 2 MiB took 130.00 ms (median of 5)" in said[0]
+    assert "ran at 77% of its prediction and 69% of the lower bound" in said[0]
+    assert "level figures: leaf calibrated, spine probed" in said[0] and said[0].endswith("doubted")
+    assert len(doubted) == 1
+    for s in [5.0] + [1.0] * SAMPLES:  # another slow size: said once per communicator
+        check.ran(4 * MIN_BYTES, s)
+    assert len(said) == 1
+
+
+def test_dbg_level_reports_every_check_and_small_or_disabled_calls_are_not_timed():
+    check, said, doubted = checker(predicted=0.1, verbose=True)
+    for s in [1.0] + [0.1] * SAMPLES:
+        check.ran(MIN_BYTES, s)
+    assert len(said) == 1 and "ran at 100% of its prediction" in said[0] and not doubted
+    assert check.timed(MIN_BYTES - 1).__class__.__name__ == "_Nothing"
+    assert check.timed(MIN_BYTES).__class__.__name__ == "_Nothing"  # checked already
+    off, said_off, _ = checker(enabled=False)
+    assert off.timed(8 * MIN_BYTES).__class__.__name__ == "_Nothing"
+
+
+def test_a_timed_call_feeds_the_check_and_few_sizes_are_checked():
+    check, said, _ = checker(predicted=1e-9, verbose=True)
+    for size in range(SIZES + 2):
+        for _ in range(SAMPLES + 1):
+            with check.timed((size + 1) * MIN_BYTES):
+                pass
+    assert len(check.checked) == SIZES and len(said) == SIZES  # one warning, then the verbose reports
+
+
+def test_a_doubted_cache_entry_is_measured_again(tmp_path, monkeypatch):
+    """doubt_cached marks the cache entry; the next survey_hosts measures afresh and warns why."""
+    from ddl.options import parse
+    from ddl.topology.probe import cache, session
+    from ddl.topology.probe.result import Level, ProbeResult
+
+    hosts = ["a", "b", "c", "d"]
+    result = ProbeResult(hosts, [["a", "b"], ["c", "d"]], [Level("leaf", 1e8, 3e-5, 2), Level("spine", 5e7, 6e-5, 1)])
+    cache.save(str(tmp_path), result)
+    env = {"DDL_PROBE_CACHE": str(tmp_path)}
+    said = session.doubt_cached(hosts * 2, "plan check: too slow", env)
+    assert "is marked doubtful" in said
+    assert "plan check: too slow" in cache.load(str(tmp_path), hosts)[0].doubtful
+
+    class Alone:
+        rank = 0
+
+        def bcast(self, x, root=0):
+            return x
+
+    measured = []
+    monkeypatch.setattr(session, "probe", lambda *a, **k: measured.append(1) or result)
+    monkeypatch.setattr(session, "check", lambda *a, **k: (_ for _ in ()).throw(AssertionError("verified")))
+    out = session.survey_hosts(Alone(), hosts, parse(""), env)
+    assert measured == [1] and out.how == "measured"
+    assert "was marked doubtful by a job" in out.warning and "plan check: too slow" in out.warning
+    assert cache.load(str(tmp_path), hosts)[0].doubtful == ""  # the new measurement replaces it
+    assert "no result" in session.doubt_cached(["x", "y"], "why", env)
+    assert "off" in session.doubt_cached(hosts, "why", {"DDL_PROBE_CACHE": "off"})
