@@ -57,7 +57,8 @@ def main() -> int:
     if comm.rank == 0:
         world = ddl.communicator()
         model = {"predicted": {n: world.explain(n).predicted * 1e6 for n in sizes},
-                 "tree_source": world.tree_source, "levels": [lv.to_dict() for lv in world.levels]}
+                 "tree_source": world.tree_source, "levels": [lv.to_dict() for lv in world.levels],
+                 "tree": world.tree, "hosts": world.hosts}
         times = {a: {n: statistics.median(v) for n, v in by.items()} for a, by in runs.items()}
         with open(args.out, "w") as f:
             json.dump({"mpi": MPI.Get_library_version().splitlines()[0], "wrong": wrong, "times": times,
