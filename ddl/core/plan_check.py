@@ -3,12 +3,14 @@ far below what the plan predicts the job says so.
 
 A probe that read noise as structure, or a network that changed under a cached result, plans a job that runs at
 a fraction of what it could, and nothing else would tell the user. So on every communicator that plans over the
-network, rank 0 times its first allreduces of each size from ``MIN_BYTES`` (after the first call of a size:
-connections and first touches), and after ``SAMPLES`` of them compares their median with the plan's prediction
-(its cost model, with the level figures it planned with). Below ``SLOW`` of the prediction it warns, whatever
+network, rank 0 times its allreduces of each size from ``MIN_BYTES`` (after the first call of a size:
+connections and first touches) and compares the median of every ``SAMPLES`` of them with the plan's prediction
+(its cost model, with the level figures it planned with): a job may start well and slow down when a neighbour
+starts. Below ``SLOW`` of the prediction it warns, whatever
 ``-dbg_level`` (once per communicator), naming the size, the times, the lower bound and how the level figures
 were obtained; where those came from the probe's cache, the cached result is marked doubtful, and the next job
-over these hosts measures afresh instead of verifying it. With ``-dbg_level 1`` every check is reported.
+over these hosts measures afresh instead of verifying it. With ``-dbg_level 1`` each size's first check is
+reported.
 Rank 0's own times decide: a check, not an agreement (nothing any rank does depends on it).
 """
 from __future__ import annotations
@@ -32,25 +34,30 @@ class PlanCheck:
     def __init__(self, explain, doubt, verbose: bool, say=None, enabled: bool = True):
         self.explain, self.doubt, self.verbose, self.enabled = explain, doubt, verbose, enabled
         self.say = say or (lambda text: print(f"ddl: {text}", file=sys.stderr, flush=True))
-        self.samples: dict[int, list[float]] = {}
-        self.checked: dict[int, float] = {}  # size -> measured / predicted time
+        self.samples: dict[int, list[float]] = {}  # size -> this window's times (the first call left out)
+        self.checked: dict[int, float] = {}  # size -> measured / predicted time, its last window
         self.warned = False
 
     def timed(self, nbytes: int):
-        """A context manager timing one allreduce of ``nbytes`` (a no-op once the size is checked)."""
-        if not self.enabled or nbytes < MIN_BYTES or nbytes in self.checked or (len(self.checked) >= SIZES and
-                                                            nbytes not in self.samples):
+        """A context manager timing one allreduce of ``nbytes`` (a no-op once the job has warned, and for sizes
+        past the first ``SIZES``)."""
+        if not self.enabled or self.warned or nbytes < MIN_BYTES or (
+                nbytes not in self.samples and len(self.samples) >= SIZES):
             return _NOTHING
         return _Timer(self, nbytes)
 
     def ran(self, nbytes: int, seconds: float) -> None:
+        first = nbytes not in self.samples
         runs = self.samples.setdefault(nbytes, [])
+        if first and nbytes not in self.checked:
+            return  # the first call of a size is not counted
         runs.append(seconds)
-        if len(runs) <= SAMPLES:  # the first call of a size is not counted
+        if len(runs) < SAMPLES:
             return
-        del self.samples[nbytes]
-        measured = statistics.median(runs[1:])
+        measured = statistics.median(runs)
+        runs.clear()
         e = self.explain(nbytes)
+        first_window = nbytes not in self.checked
         self.checked[nbytes] = measured / e.predicted
         reached = e.predicted / measured
         costs = ", ".join(f"{lv.name} {lv.costs}" for lv in e.plan.levels)
@@ -62,7 +69,7 @@ class PlanCheck:
             self.say(f"{text}: far below the prediction. The levels or their figures may be wrong (a probe misled "
                      f"by noise, a network changed since it was measured) or the hosts are busy; "
                      f"{self.doubt(text)}")
-        elif self.verbose:
+        elif self.verbose and first_window:  # -dbg_level 1: each size's first window
             self.say(text)
 
 

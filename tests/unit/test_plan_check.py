@@ -48,24 +48,32 @@ def test_a_run_far_below_its_prediction_is_said_once_and_doubted():
     assert len(said) == 1
 
 
-def test_dbg_level_reports_every_check_and_small_or_disabled_calls_are_not_timed():
+def test_dbg_level_reports_each_sizes_first_check_and_small_or_disabled_calls_are_not_timed():
     check, said, doubted = checker(predicted=0.1, verbose=True)
-    for s in [1.0] + [0.1] * SAMPLES:
+    for s in [1.0] + [0.1] * (3 * SAMPLES):
         check.ran(MIN_BYTES, s)
     assert len(said) == 1 and "ran at 100% of its prediction" in said[0] and not doubted
     assert check.timed(MIN_BYTES - 1).__class__.__name__ == "_Nothing"
-    assert check.timed(MIN_BYTES).__class__.__name__ == "_Nothing"  # checked already
+    assert check.timed(MIN_BYTES).__class__.__name__ == "_Timer"  # checked every window
     off, said_off, _ = checker(enabled=False)
     assert off.timed(8 * MIN_BYTES).__class__.__name__ == "_Nothing"
 
 
+def test_a_job_that_slows_down_later_is_caught_in_a_later_window():
+    check, said, doubted = checker(predicted=0.1)
+    for s in [1.0] + [0.1] * (2 * SAMPLES) + [0.2] * SAMPLES:
+        check.ran(MIN_BYTES, s)
+    assert len(said) == 1 and "took 200.00 ms" in said[0] and len(doubted) == 1
+    assert check.timed(MIN_BYTES).__class__.__name__ == "_Nothing"  # said once: no more timing
+
+
 def test_a_timed_call_feeds_the_check_and_few_sizes_are_checked():
-    check, said, _ = checker(predicted=1e-9, verbose=True)
+    check, said, _ = checker(predicted=1e9, verbose=True)
     for size in range(SIZES + 2):
         for _ in range(SAMPLES + 1):
             with check.timed((size + 1) * MIN_BYTES):
                 pass
-    assert len(check.checked) == SIZES and len(said) == SIZES  # one warning, then the verbose reports
+    assert len(check.checked) == SIZES and len(said) == SIZES
 
 
 def test_a_doubted_cache_entry_is_measured_again(tmp_path, monkeypatch):

@@ -240,3 +240,24 @@ def test_calibration_holds_under_noise():
     hosts = hosts_of(tree)
     calibrated = calibrate(survey(hosts, net.measure(hosts)), hosts, net.measure(hosts), net.size_flows, repeats=3)
     assert [lv.bandwidth for lv in calibrated.levels] == pytest.approx([50e6, 50e6, 12.5e6], rel=0.25)
+
+
+def test_levels_that_noise_made_are_dropped_by_the_calibration():
+    """A level is a boundary only where its flows run x1.5 slower than the level below's. A flat switch of four
+    hosts that a noisy survey split into two "racks", and three racks under one switch (a star) that a noisy
+    survey joined two and one under a "core" (as a job on the emulated star once did): both come out right."""
+    flat = names(4)
+    net = Network.tree(flat, G, [])
+    wrong = ProbeResult(sorted(flat), [flat[:2], flat[2:]], [Level("leaf", G, 3e-5, 2), Level("spine", G, 3e-5, 1)])
+    fixed = calibrate(wrong, flat, net.measure(flat), net.size_flows)
+    assert fixed.tree == flat and [(lv.name, lv.groups) for lv in fixed.levels] == [("leaf", 1)]
+    assert "level spine dropped" in fixed.notes[-1]
+    star = [["s0", "s1"], ["s2", "s3"], ["s4", "s5"]]
+    net = Network.tree(star, G, [0.3 * G])
+    hosts = hosts_of(star)
+    wrong = ProbeResult(sorted(hosts), [[star[0], star[1]], [star[2]]],
+                        [Level("leaf", G, 3e-5, 3), Level("spine", 0.3 * G, 3e-5, 2), Level("core", 0.3 * G, 3e-5, 1)])
+    fixed = calibrate(wrong, hosts, net.measure(hosts), net.size_flows)
+    assert fixed.tree == star and [(lv.name, lv.groups) for lv in fixed.levels] == [("leaf", 3), ("spine", 1)]
+    assert [lv.bandwidth for lv in fixed.levels] == pytest.approx([G, 0.3 * G], rel=0.02)
+    assert "level core dropped" in fixed.notes[-1]

@@ -11,7 +11,8 @@ i + 1 (every group at once; a group of two in one direction, then the other), wi
 longest: a receiver that passes the round's barrier late finds bytes already arrived, and reads a short flow
 fast), ``repeats`` times, each flow's median kept (a busy 2-core machine errs both ways: slower flows, skewed
 starts). A child moves its flows' count times the slowest one's rate (they start together with equal bytes; TCP
-is not fair on a shared uplink); the level's figure is the median over children. Pure, like ``survey``: ``measure`` runs the rounds over MPI (ddl.topology.probe.measure)
+is not fair on a shared uplink); the level's figure is the median over children. A level whose flows run as fast
+as the level below's is no boundary, whatever the survey made of its noise, and goes (``separated``). Pure, like ``survey``: ``measure`` runs the rounds over MPI (ddl.topology.probe.measure)
 or over a simulated network in the tests.
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ import statistics
 from dataclasses import replace
 from typing import Callable
 
-from .result import ProbeResult
+from .grouping import MARGIN
+from .result import LEVEL_NAMES, Level, ProbeResult
 from .survey import Measure
 
 SECONDS = 0.3  # per round: three times the survey's longest, so the leaders' skew at the start weighs less
@@ -46,11 +48,13 @@ def level_load(tree, height: int, index: dict[str, int]) -> tuple[list[list[tupl
 
 
 def calibrate(result: ProbeResult, hosts: list[str], measure: Measure, size_flows: Callable[[float], int],
-              repeats: int = REPEATS, seconds: float = SECONDS, first_round: int = 0) -> ProbeResult:
+              repeats: int = REPEATS, seconds: float = SECONDS, first_round: int = 0,
+              margin: float = MARGIN) -> ProbeResult:
     """``result`` with every level's bandwidth measured under an allreduce's load (``how`` "calibrated").
     ``size_flows(nbytes)`` sizes the coming rounds' flows (the measure may cap them)."""
     index = {h: i for i, h in enumerate(hosts)}
     levels, rounds, flows = [], 0, 0
+    per_flow: dict[int, float] = {}  # level -> a flow's rate across it (median)
     for k, level in enumerate(result.levels):
         load, child_of = level_load(result.tree, k + 1, index)
         if not load:
@@ -68,6 +72,7 @@ def calibrate(result: ProbeResult, hosts: list[str], measure: Measure, size_flow
         out: dict[tuple, list[float]] = {}
         for (src, _), rates in seen.items():
             out.setdefault(child_of[src], []).append(statistics.median(rates))
+        per_flow[k] = statistics.median(r for rates in out.values() for r in rates)
         capacity = [len(r) * min(r) for r in out.values() if min(r) > 0]
         if not capacity:
             levels.append(level)
@@ -76,7 +81,43 @@ def calibrate(result: ProbeResult, hosts: list[str], measure: Measure, size_flow
     text = ", ".join(f"{a.name} {a.bandwidth * 8 / 1e6:.0f} -> {b.bandwidth * 8 / 1e6:.0f} Mbit/s"
                      for a, b in zip(result.levels, levels) if b.how == "calibrated")
     notes = result.notes + ([f"calibrated under an allreduce's load: {text}"] if text else [])
-    return replace(result, levels=levels, rounds=result.rounds + rounds, flows=result.flows + flows, notes=notes)
+    tree, levels, dropped = separated(result.tree, levels, per_flow, margin)
+    return replace(result, tree=tree, levels=levels, rounds=result.rounds + rounds, flows=result.flows + flows,
+                   notes=notes + dropped)
+
+
+def separated(tree, levels: list[Level], per_flow: dict[int, float], margin: float = MARGIN):
+    """(tree, levels, notes) without the levels that noise made: a boundary is real only where a flow crossing
+    it runs at least ``margin`` times slower than one crossing the level below (an uplink shared by the child's
+    hosts, or slower). Where a level's flows run as fast as the level below's, the groups below it inside each
+    of its groups are one group (a rack split in two by noise; racks joined in twos by noise under a switch that
+    joins them all): the lower boundaries go, with the level's figure; the level below keeps its own."""
+    notes = []
+    k = 1
+    while k < len(levels):
+        inner, outer = per_flow.get(k - 1), per_flow.get(k)
+        if inner is None or outer is None or outer * margin <= inner:
+            k += 1
+            continue
+        notes.append(f"level {levels[k].name} dropped: a flow across it ran at {outer * 8 / 1e6:.0f} Mbit/s, within "
+                     f"x{margin:g} of one across {levels[k - 1].name} ({inner * 8 / 1e6:.0f} Mbit/s): not a boundary")
+        tree = _merge_groups_below(tree, len(levels), k)
+        levels = levels[:k] + levels[k + 1:]
+        per_flow = {(j if j < k else j - 1): r for j, r in per_flow.items() if j != k}
+        k = max(1, k - 1)
+    names = [LEVEL_NAMES[min(j, len(LEVEL_NAMES) - 1)] for j in range(len(levels))] if notes else \
+        [lv.name for lv in levels]
+    levels = [replace(lv, name=name, groups=len(_at_height(tree, len(levels), j + 1)))
+              for j, (lv, name) in enumerate(zip(levels, names))]
+    return tree, levels, notes
+
+
+def _merge_groups_below(tree, height: int, k: int):
+    """Each group of level ``k`` (``k + 1`` lists above the hosts) made of its grandchildren: the groups of
+    level k - 1 inside it become one."""
+    if height == k + 1:
+        return [grand for child in tree for grand in child]
+    return [_merge_groups_below(t, height - 1, k) for t in tree]
 
 
 def len_of(tree) -> int:
