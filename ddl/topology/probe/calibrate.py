@@ -7,13 +7,14 @@ as the buffer lasts. On the emulated three-tier cluster the survey's figures for
 above that and the planner's predictions were as far off.
 
 So once the tree is known, each level runs that load: in every group, host j of child i sends to host j of child
-i + 1 (every group at once; a group of two in one direction, then the other), with flows sized to last ``seconds`` at the rate the survey found (three times its
-longest: a receiver that passes the round's barrier late finds bytes already arrived, and reads a short flow
-fast), ``repeats`` times, each flow's median kept (a busy 2-core machine errs both ways: slower flows, skewed
-starts). A child moves its flows' count times the slowest one's rate (they start together with equal bytes; TCP
-is not fair on a shared uplink); the level's figure is the median over children. A level whose flows run as fast
-as the level below's is no boundary, whatever the survey made of its noise, and goes (``separated``). Pure, like ``survey``: ``measure`` runs the rounds over MPI (ddl.topology.probe.measure)
-or over a simulated network in the tests.
+i + 1 (every group at once; a group of two in one direction, then the other), with flows sized to last
+``seconds`` at the rate the survey found (three times its longest: a receiver that passes the round's barrier
+late finds bytes already arrived, and reads a short flow fast), ``repeats`` times, each flow's median kept (a busy
+2-core machine errs both ways: slower flows, skewed starts). A child moves its flows' count times the slowest
+one's rate (they start together with equal bytes; TCP is not fair on a shared uplink); the level's figure is the
+median over children. A level whose flows run as fast as the level below's is no boundary, whatever the survey
+made of its noise, and goes (``separated``). Pure, like ``survey``: ``measure`` runs the rounds over MPI
+(ddl.topology.probe.measure) or over a simulated network in the tests.
 """
 from __future__ import annotations
 
