@@ -118,7 +118,7 @@ class Communicator(Planning, Submitting):
         self._calls = Calls(rank, size, self.agreement, o.timeout, self.host_memory is not None, size == 1)
         self.road = Road(paths.table(self), o.path, quick, self._native, self.drain,
                          self._timed if self._timer is not None or self._recorder is not None else None)
-        # rank 0 times its first large allreduces against the plan's prediction (ddl.core.plan_check)
+        # rank 0 times its large allreduces against the plan's prediction, five calls at a time (ddl.core.plan_check)
         self.plan_check = PlanCheck(lambda n: explain(self.plan_for(n), n), self._doubt_probe, o.dbg_level >= 1,
                                     enabled=rank == 0 and len(set(self.hosts or ())) > 1)
         self._origin = 0
