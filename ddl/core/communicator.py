@@ -26,7 +26,7 @@ from ..planner.explain import explain
 from ..planner.per_level import grid_of
 from ..planner.sources import choose_tree
 from ..schedule.compile import CompiledPipeline
-from ..topology import discover
+from ..topology import Topology, discover
 from ..topology import tree as hierarchical
 from ..topology.probe.session import doubt_cached
 from ..topology.switches import switch_levels
@@ -167,7 +167,7 @@ class Communicator(Planning, Submitting):
         world's -mode, plan file or placement are not read as its own."""
         topology = self.topology
         if topology is not None and topology.placement is not None:
-            topology = type(topology)(topology.name, topology.graph, [topology.placement[r] for r in ranks])
+            topology = Topology(topology.name, topology.graph, [topology.placement[r] for r in ranks])
         options = replace(self.options, mode=None, plan=None, topology=None, probe="0")
         return Communicator.from_mpi(mpi_comm, options, topology=topology)
 

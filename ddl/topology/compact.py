@@ -148,6 +148,8 @@ class CompactTopology(Topology):
         return self._count * len(self._local)
 
     def place(self, hosts: list[str] | None = None, nranks: int | None = None):
+        if self.placement is not None:  # given after loading: the expanded rules follow it
+            return placing.place(self, hosts, nranks)
         per = len(self._local)
         if hosts is None:
             if nranks is None:

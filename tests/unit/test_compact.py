@@ -130,3 +130,16 @@ def test_compact_refuses_what_the_expansion_refuses():
         t.place(["node0", "node0", "elsewhere"], 3)
     with pytest.raises(TopologyError, match="rank 2: node 'node0' has no free GPU or slot"):
         t.place(["node0", "node0", "node0"], 3)
+
+
+def test_a_placement_given_after_loading_is_followed():
+    """ddl.cluster gives library machines a placement (rank -> node) after loading them; a compact machine then
+    follows it as the expanded one does, round-robin included."""
+    d = MACHINES["slots-whole"]
+    t, full = topology.load(d), from_spec(d)
+    order = [f"node{i % 6}" for i in range(12)]
+    t.placement, full.placement = list(order), list(order)
+    tree, levels = t.hierarchy(t.place(None, 12))
+    expected_tree, expected_levels = full.hierarchy(full.place(None, 12))
+    _same_plans(tree, levels, expected_tree, expected_levels, 12)
+    assert tree == [[[0, 6], [1, 7], [2, 8]], [[3, 9], [4, 10], [5, 11]]]
