@@ -137,7 +137,7 @@ class CompactTopology(Topology):
         samples = {}
         for level in range(len(self._span)):
             many = self._count if level == 0 else math.ceil(self._count / self._span[level])
-            for i in sorted({0, 1, many - 1} & set(range(many))):
+            for i in sorted(i for i in {0, 1, many - 1} if i < many):
                 name = self.node_name(i) if level == 0 else self.switch_name(level, i)
                 if samples.setdefault(name, (level, i)) != (level, i):
                     raise TopologyError(f"vertex {name!r} is defined twice")
