@@ -47,10 +47,10 @@ class PlanCheck:
         return _Timer(self, nbytes)
 
     def ran(self, nbytes: int, seconds: float) -> None:
-        first = nbytes not in self.samples
-        runs = self.samples.setdefault(nbytes, [])
-        if first and nbytes not in self.checked:
-            return  # the first call of a size is not counted
+        runs = self.samples.get(nbytes)
+        if runs is None:  # the first call of a size is not counted
+            self.samples[nbytes] = []
+            return
         runs.append(seconds)
         if len(runs) < SAMPLES:
             return

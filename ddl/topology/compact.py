@@ -14,6 +14,7 @@ and prices each level as the whole machine does. The full graph is built the fir
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -48,13 +49,9 @@ class Occupancy:
     def __len__(self) -> int:
         return self._offsets[-1]
 
-    @property
+    @functools.cached_property
     def _offsets(self) -> list[int]:
-        hit = self.__dict__.get("_starts")
-        if hit is None:
-            hit = [0, *itertools.accumulate(self.counts)]
-            object.__setattr__(self, "_starts", hit)
-        return hit
+        return [0, *itertools.accumulate(self.counts)]
 
     def __getitem__(self, rank: int) -> str:
         if not 0 <= rank < len(self):
@@ -85,17 +82,11 @@ class CompactTopology(Topology):
         self._count = nodes if isinstance(nodes, int) else len(nodes)
         self._format = d.get("hostnames", "node{index}")
         self._switches = d.get("switches", [])
-        self._span = [1]  # nodes under one switch of each level (level 0: the node itself)
-        n = self._count
+        # nodes under one switch of each level (level 0: the node itself); that the fan-outs join every node
+        # under one top switch, and that node names are distinct, ddl.topology.validate checked before
+        self._span = [1]
         for s in self._switches:
-            fanout = s.get("fanout", n)
-            n = math.ceil(n / fanout)
-            self._span.append(self._span[-1] * fanout)
-        if self._switches and n != 1:
-            raise TopologyError(f"machine {self.name!r}: the top switch level {self._switches[-1].get('level')!r} has "
-                                f"{n} switches; give it a fanout that joins them all")
-        if not self._switches and self._count != 1:
-            raise TopologyError(f"machine {self.name!r}: {self._count} nodes need switches to join them")
+            self._span.append(self._span[-1] * s["fanout"])
         self._check_names()
         first = self._skeleton([0, self._count - 1]).validate()
         node0 = self.node_name(0)
@@ -128,12 +119,7 @@ class CompactTopology(Topology):
         return self.node_name(node) + self._local[j]
 
     def _check_names(self) -> None:
-        """What only a full expansion would otherwise find: two vertices of one name."""
-        if self._names is not None:
-            repeated = sorted({n for n in self._names if self._names.count(n) > 1}) if \
-                len(set(self._names)) != len(self._names) else []
-            if repeated:
-                raise TopologyError(f"vertex {repeated[0]!r} is defined twice")
+        """What only a full expansion would otherwise find: a switch named like a node (or another switch)."""
         samples = {}
         for level in range(len(self._span)):
             many = self._count if level == 0 else math.ceil(self._count / self._span[level])

@@ -100,8 +100,8 @@ def hierarchy(t: Topology, placement: list[str]) -> tuple[list, list[LevelCost]]
     return normalize(strip(labeled)), levels
 
 
-def labeled_tree(t: Topology, placement: list[str], top: str | None = None):
-    """The occupied part of the containment tree below ``top`` (the root), groups of one dropped: a rank, or
+def labeled_tree(t: Topology, placement: list[str]):
+    """The occupied part of the containment tree, groups of one dropped: a rank, or
     (vertex, children) in containment order, ranks on a vertex itself after its children."""
     ranks_on: dict[str, list[int]] = {}
     for r, d in enumerate(placement):
@@ -117,7 +117,7 @@ def labeled_tree(t: Topology, placement: list[str], top: str | None = None):
     def build(v):
         return (v, [build(c) for c in kids.get(v, ()) if c in occupied] + ranks_on.get(v, []))
 
-    return _simplify(build(top or t.roots()[0]))
+    return _simplify(build(t.roots()[0]))
 
 
 def group_cost(t: Topology, group: tuple, placement: list[str]) -> LevelCost:

@@ -19,6 +19,7 @@ made of its noise, and goes (``separated``). Pure, like ``survey``: ``measure`` 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import replace
 from typing import Callable
 
@@ -61,7 +62,7 @@ def calibrate(result: ProbeResult, hosts: list[str], measure: Measure, size_flow
         if not load:
             levels.append(level)
             continue
-        per_child = max(sum(1 for c in child_of.values() if c == x) for x in set(child_of.values()))
+        per_child = max(Counter(child_of.values()).values())  # flows out of the busiest child
         size_flows(level.bandwidth / per_child * seconds)
         seen: dict[tuple[int, int], list[float]] = {}
         for pattern in load:
