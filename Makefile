@@ -74,7 +74,7 @@ mpi-subset: $(STAMP)
 # The device path on the stand-ins (tests/fakes: NCCL groups of several processes over shared memory) at 4 ranks;
 # the mpi stage runs them at 1, 2, 3 and 8 (tests/gpu is the test on a real GPU).
 devices: $(STAMP)
-	cd tests && ../$(PY) mpi_suite.py mpi/test_gpu_levels.py mpi/test_gpu_staged.py --ranks 4
+	cd tests && ../$(PY) mpi_suite.py mpi/test_gpu_levels.py mpi/test_gpu_staged.py mpi/test_gpu_every_level.py --ranks 4
 
 train: $(STAMP)
 	cd tests && ../$(PY) mpi_suite.py train/test_torch.py train/test_torch_backend.py train/test_torch_fsdp.py train/test_horovod_torch.py train/test_trainers.py --ranks 2 4

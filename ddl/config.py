@@ -43,8 +43,9 @@ SETTINGS = {
         Setting("DDL_NETWORK", "eth_10g", "link kind between discovered nodes (a name from ddl.topology.links)"),
         Setting("DDL_FUSION_BYTES", str(128 << 20), "bytes per fused buffer when optimizers average many gradients "
                 "(ddl.core.fusion); 0: one buffer per dtype"),
-        Setting("DDL_NCCL_LEVELS", "auto", "GPU arrays: auto runs the innermost level over NCCL when its groups are "
-                "GPUs of one host (all of one size); 0 runs every level over MPI, staged through host memory"),
+        Setting("DDL_NCCL_LEVELS", "auto", "GPU arrays: how many innermost levels of the tree run on NCCL (the rest "
+                "over MPI, staged through host memory): auto the cost model's choice, all every level whose groups "
+                "are of one size, a number that many innermost (0: every level over MPI)"),
         Setting("DDL_NCCL_LIBRARY", "", "path of libnccl.so to use (default: the nvidia-nccl-cu13/-cu12 wheel, "
                 "else the system's libnccl.so.2)"),
         Setting("DDL_CUDA_DRIVER", "libcuda.so.1", "the CUDA driver library ddl opens for GPU arrays"),

@@ -82,7 +82,8 @@ class Planning:
         agreement = "" if self.size == 1 else \
             f"{self.agreement.describe()}; calls of up to {format_size(self.small_bytes)} ride in it"
         said_ = replace(explain(self.plan_for(nbytes), nbytes), transport=self._transport(), agreement=agreement,
-                        path=f"{collective} of {format_size(nbytes)} takes {said(self.route(collective, nbytes))}")
+                        path=f"{collective} of {format_size(nbytes)} takes {said(self.route(collective, nbytes))}",
+                        device=self._device_levels(nbytes))
         if self.host_memory is None:
             return said_
         native = self.host_memory.native
@@ -94,6 +95,12 @@ class Planning:
                   f"writer's buffer" if direct else "")
         return replace(said_, runs_on=f"runs on the host memory level instead (the {self.size} ranks share one "
                                       f"host: one shared-memory segment, no messages): {how}{copies}")
+
+    def _device_levels(self, nbytes: int):
+        """What an allreduce of GPU arrays of ``nbytes`` would run per level (the device path's explain)."""
+        device = next((p for p in self.road.paths if p.name == "device"), None)
+        levels = getattr(device, "levels_for", None)
+        return levels(nbytes) if levels is not None else None
 
     def route(self, collective: str, nbytes: int) -> list[tuple[str, str | None]]:
         """The paths a valid call of ``collective`` moving ``nbytes`` (float32, this rank's part) tries, in order,

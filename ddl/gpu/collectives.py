@@ -12,6 +12,7 @@ from ..config import get as setting
 from ..core.packing import pack_groups
 from ..errors import DDLError, DeviceError
 from .arrays import is_device_array, view
+from .levels import DeviceLevels, choose_levels
 from .libraries import load_driver, load_nccl
 from .path import DevicePath
 
@@ -33,8 +34,15 @@ class DeviceCollectives:
         self._paths.clear()
 
     def takes(self, call) -> str | None:
-        return "a GPU array: NCCL among the GPUs of a node, ddl's plan staged over MPI above" if call.device \
-            else None
+        return "a GPU array: NCCL at the innermost levels chosen, ddl's plan staged over MPI above them" \
+            if call.device else None
+
+    def levels_for(self, nbytes: int) -> DeviceLevels:
+        """Each level's transport and bytes per rank for an allreduce of GPU arrays of ``nbytes`` (ddl.explain);
+        a path already made says what it runs."""
+        made = next(iter(self._paths.values()), None)
+        return choose_levels(self.comm.tree, self.comm.levels, made.choice.setting if made else self.levels,
+                             nbytes)
 
     def _path(self, device: int) -> DevicePath:
         path = self._paths.get(device)

@@ -24,6 +24,7 @@ class Explanation:
     transport: str = ""       # what carries the levels' messages, and how the ranks found each other
     agreement: str = ""       # the shape of the agreement round every collective starts with
     path: str = ""            # the path of the communicator's road such a call takes, and why (ddl.core.road)
+    device: object = None     # the same allreduce of GPU arrays: its levels' transports (ddl.gpu.levels)
 
     @property
     def nranks(self) -> int:
@@ -48,6 +49,7 @@ class Explanation:
             "predicted_seconds": self.predicted, "lower_bound_seconds": self.bound,
             "lower_bound_reason": self.bound_reason, "efficiency": self.efficiency, "runs_on": self.runs_on,
             "transport": self.transport, "agreement": self.agreement, "path": self.path,
+            "device": self.device.to_dict() if self.device is not None else None,
         }
 
     def text(self) -> str:
@@ -83,6 +85,8 @@ class Explanation:
             lines.append(f"transport: {self.transport}")
         if self.agreement:
             lines.append(f"agreement round: {self.agreement}")
+        if self.device is not None:
+            lines.append(f"GPU arrays, per level: {self.device.text()}")
         return "\n".join(lines)
 
     __str__ = text

@@ -16,12 +16,14 @@ import json
 import os
 import socket
 import sys
+from dataclasses import replace
 
-from .. import planner, topology
+from .. import config, planner, topology
 from ..cluster import spec as emulate
 from ..errors import DDLError
 from ..planner.explain import explain
 from ..topology import discover
+from ..topology import tree as hierarchical
 from .cli import Parser, one_line_errors, size
 
 
@@ -37,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--algo", default="auto", help="force algorithms, as DDL_ALGO")
     p.add_argument("--json", action="store_true", help="print the explanation as JSON")
     p.add_argument("--dump", metavar="FILE", help="write the topology graph as JSON")
+    p.add_argument("--gpu-arrays", action="store_true",
+                   help="with --plan: also each level's transport for GPU arrays (NCCL or staged over MPI; shown "
+                        "anyway where the ranks are GPUs)")
     p.add_argument("--dump-plan", metavar="FILE", help="write the (last) plan as JSON, for DDL_PLAN")
     p.add_argument("--png", metavar="FILE", help="draw the topology (needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="do not print the tree")
@@ -111,6 +116,9 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+GPU_LINKS = ("nvlink", "pcie")  # an innermost level over these joins GPUs
+
+
 @one_line_errors("ddl-topo")
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
@@ -120,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<20}{len(_placement(t, None)):>7} ranks  {t.graph.number_of_nodes():>6} vertices")
         return 0
     if args.probe_cache is not None:
-        from .. import config
         from ..topology.probe import cache
 
         print(cached_probes(args.probe_cache or config.get("DDL_PROBE_CACHE") or cache.default_directory()))
@@ -149,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.plan:
             plan = planner.choose(tree, levels, n, tuple(args.algo.split(",")))
             e = explain(plan, n)
+            if args.gpu_arrays or levels[0].link.startswith(GPU_LINKS):  # the ranks are GPUs
+                from ..gpu.levels import choose_levels
+
+                e = replace(e, device=choose_levels(hierarchical.nested(tree), levels,
+                                                    config.get("DDL_NCCL_LEVELS"), n))
             print(json.dumps(e.to_dict(), indent=1) if args.json else f"\n{e.text()}")
         if args.dump_plan:
             with open(args.dump_plan, "w") as f:

@@ -117,13 +117,22 @@ void bind_device(py::module_& m) {
   using G = nccl::Group;
   py::class_<G, std::shared_ptr<G>>(m, "NcclGroup")
       .def(py::init([](std::shared_ptr<nccl::Library> lib, std::shared_ptr<cuda::Driver> drv, int device,
-                       const py::bytes& id, int nranks, int rank, double timeout) {
+                       const py::bytes& id, int nranks, int rank, double timeout, std::shared_ptr<G> streams_of) {
              nccl::UniqueId uid = id_from_bytes(id);
              py::gil_scoped_release nogil;
-             return std::make_shared<G>(lib, drv, device, uid, nranks, rank, timeout);
+             return std::make_shared<G>(lib, drv, device, uid, nranks, rank, timeout,
+                                        streams_of ? streams_of->streams() : nullptr);
            }),
            py::arg("library"), py::arg("driver"), py::arg("device"), py::arg("unique_id"), py::arg("nranks"),
-           py::arg("rank"), py::arg("timeout"))
+           py::arg("rank"), py::arg("timeout"), py::arg("streams_of") = nullptr,
+           "Joins the group of unique_id; streams_of: a group whose streams this one queues on (else its own).")
+      .def("split", [](std::shared_ptr<G> self, int color, int key) { return G::split(self, color, key); },
+           py::arg("color"), py::arg("key"), py::call_guard<py::gil_scoped_release>(),
+           "ncclCommSplit (every member calls it): the group of this color's members by key, on the same streams; "
+           "None for a negative color.")
+      .def_property_readonly("can_split", &G::can_split)
+      .def("group_start", &G::group_start, py::call_guard<py::gil_scoped_release>())
+      .def("group_end", &G::group_end, py::arg("what"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("nranks", &G::nranks)
       .def_property_readonly("rank", &G::rank)
       .def_property_readonly("device", &G::device)

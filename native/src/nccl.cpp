@@ -15,12 +15,17 @@ Library::Library(const std::string& path) : lib_(path, "NCCL") {
   lib_.bind(ncclCommDestroy, "ncclCommDestroy");
   lib_.bind(ncclCommAbort, "ncclCommAbort");
   lib_.bind(ncclCommGetAsyncError, "ncclCommGetAsyncError");
+  lib_.bind(ncclCommCount, "ncclCommCount");
+  lib_.bind(ncclCommUserRank, "ncclCommUserRank");
   lib_.bind(ncclGetErrorString, "ncclGetErrorString");
   lib_.bind(ncclGetLastError, "ncclGetLastError", false);
   lib_.bind(ncclReduceScatter, "ncclReduceScatter");
   lib_.bind(ncclAllGather, "ncclAllGather");
   lib_.bind(ncclAllReduce, "ncclAllReduce");
   lib_.bind(ncclBroadcast, "ncclBroadcast");
+  lib_.bind(ncclGroupStart, "ncclGroupStart");
+  lib_.bind(ncclGroupEnd, "ncclGroupEnd");
+  lib_.bind(ncclCommSplit, "ncclCommSplit", false);
   if (ncclGetVersion(&version) != kSuccess) throw LibraryError("NCCL " + path + ": ncclGetVersion failed");
   if (version < 21400)  // ncclConfig_t and bfloat16 need 2.14
     throw LibraryError("NCCL " + path + " is version " + std::to_string(version) + "; ddl needs 2.14 or newer");
@@ -78,24 +83,60 @@ struct Creation {
 };
 }  // namespace
 
-Group::Group(std::shared_ptr<Library> lib, std::shared_ptr<cuda::Driver> drv, int device, const UniqueId& id,
-             int nranks, int rank, double timeout_s)
+Streams::Streams(std::shared_ptr<cuda::Driver> d, int device) : drv(std::move(d)) {
+  cuda::use_device(*drv, device);
+  drv->check(drv->cuStreamCreate(&work, cuda::kStreamNonBlocking), "cuStreamCreate");
+  drv->check(drv->cuStreamCreate(&copy, cuda::kStreamNonBlocking), "cuStreamCreate");
+}
+
+Streams::~Streams() {
+  if (work) drv->cuStreamDestroy(work);
+  if (copy) drv->cuStreamDestroy(copy);
+}
+
+Group::Group(std::shared_ptr<Library> lib, std::shared_ptr<cuda::Driver> drv, int device, int nranks, int rank,
+             double timeout_s, std::shared_ptr<Streams> streams)
     : lib_(std::move(lib)), drv_(std::move(drv)), device_(device), nranks_(nranks), rank_(rank),
       timeout_s_(timeout_s) {
   cuda::use_device(*drv_, device_);
-  drv_->check(drv_->cuStreamCreate(&work_, cuda::kStreamNonBlocking), "cuStreamCreate");
-  drv_->check(drv_->cuStreamCreate(&copy_, cuda::kStreamNonBlocking), "cuStreamCreate");
-  const std::string what = "creating the NCCL communicator (rank " + std::to_string(rank_) + " of " +
-                           std::to_string(nranks_) + ")";
+  streams_ = streams ? std::move(streams) : std::make_shared<Streams>(drv_, device_);
+  work_ = streams_->work;
+  copy_ = streams_->copy;
+}
+
+Group::Group(std::shared_ptr<Library> lib, std::shared_ptr<cuda::Driver> drv, int device, const UniqueId& id,
+             int nranks, int rank, double timeout_s, std::shared_ptr<Streams> streams)
+    : Group(std::move(lib), std::move(drv), device, nranks, rank, timeout_s, std::move(streams)) {
+  create("ncclCommInitRankConfig", [lib = lib_, id, nranks, rank](Comm* comm) {
+    Config config;  // blocking: NCCL launches each collective on the calling thread (non-blocking
+                    // communicators start a thread for every launch, ~0.1 ms a collective)
+    return lib->ncclCommInitRankConfig(comm, nranks, id, rank, &config);
+  });
+}
+
+std::shared_ptr<Group> Group::split(const std::shared_ptr<Group>& parent, int color, int key) {
+  if (!parent->can_split()) throw DeviceError("NCCL " + std::to_string(parent->lib_->version) + " has no ncclCommSplit");
+  if (parent->broken_) throw DeviceError("NCCL group is unusable after an earlier failure; call ddl.finalize()");
+  // (the size and rank are learnt once made: every member of the color counts)
+  std::shared_ptr<Group> made(new Group(parent->lib_, parent->drv_, parent->device_, 0, 0, parent->timeout_s_,
+                                        parent->streams_));
+  Comm from = parent->comm_;
+  made->create("ncclCommSplit", [lib = parent->lib_, from, color, key](Comm* comm) {
+    Config config;
+    return lib->ncclCommSplit(from, color < 0 ? -1 : color, key, comm, &config);
+  });
+  if (!made->comm_) return nullptr;  // (no color: not a member of any new group)
+  return made;
+}
+
+void Group::create(const std::string& how, std::function<Result(Comm*)> make) {
   auto made = std::make_shared<Creation>();
-  std::thread([made, lib = lib_, drv = drv_, device, id, nranks, rank] {
+  std::thread([made, lib = lib_, drv = drv_, device = device_, make = std::move(make)] {
     Comm comm = nullptr;
     Result rc = kSuccess;
     try {
       cuda::use_device(*drv, device);
-      Config config;  // blocking: NCCL launches each collective on the calling thread (non-blocking
-                      // communicators start a thread for every launch, ~0.1 ms a collective)
-      rc = lib->ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
+      rc = make(&comm);
     } catch (...) {
       rc = 1;  // ncclUnhandledCudaError: the device could not be made current
     }
@@ -109,6 +150,8 @@ Group::Group(std::shared_ptr<Library> lib, std::shared_ptr<cuda::Driver> drv, in
     made->done = true;
     made->cv.notify_all();
   }).detach();
+  const std::string what = "creating the NCCL communicator (" + how + ", rank " + std::to_string(rank_) + " of " +
+                           std::to_string(nranks_) + ")";
   std::unique_lock<std::mutex> hold(made->m);
   if (!made->cv.wait_for(hold, std::chrono::duration<double>(timeout_s_), [&] { return made->done; })) {
     made->abandoned = true;
@@ -117,7 +160,20 @@ Group::Group(std::shared_ptr<Library> lib, std::shared_ptr<cuda::Driver> drv, in
          " s (DDL_TIMEOUT; a member of the group never joined?)");
   }
   comm_ = made->comm;
-  if (made->rc != kSuccess) fail(what + ": ncclCommInitRankConfig: " + lib_->error_text(made->rc, comm_));
+  if (made->rc != kSuccess) fail(what + ": " + how + ": " + lib_->error_text(made->rc, comm_));
+  if (comm_ && nranks_ == 0) {  // made by a split: learn its size and this member's rank from NCCL
+    if (lib_->ncclCommCount(comm_, &nranks_) != kSuccess || lib_->ncclCommUserRank(comm_, &rank_) != kSuccess)
+      fail(what + ": ncclCommCount / ncclCommUserRank failed");
+  }
+}
+
+void Group::group_start() {
+  if (lib_->ncclGroupStart() != kSuccess) fail("ncclGroupStart failed");
+}
+
+void Group::group_end(const std::string& what) {
+  Result rc = lib_->ncclGroupEnd();
+  if (rc != kSuccess && rc != kInProgress) fail(what + ": ncclGroupEnd: " + lib_->error_text(rc, comm_));
 }
 
 Group::~Group() {
@@ -127,8 +183,6 @@ Group::~Group() {
   }
   if (comm_) (broken_ ? lib_->ncclCommAbort(comm_) : lib_->ncclCommDestroy(comm_));
   for (cuda::Event e : events_) drv_->cuEventDestroy(e);
-  if (work_) drv_->cuStreamDestroy(work_);
-  if (copy_) drv_->cuStreamDestroy(copy_);
 }
 
 void Group::fail(const std::string& what) {

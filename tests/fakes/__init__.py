@@ -57,6 +57,14 @@ def synchronize() -> None:
         ctypes.CDLL(path).fake_cuda_synchronize()
 
 
+def host_bytes() -> tuple[int, int]:
+    """(bytes copied device to host, host to device) by this process so far, as the stand-in driver counted."""
+    lib = ctypes.CDLL(os.environ["DDL_CUDA_DRIVER"])
+    down, up = ctypes.c_longlong(), ctypes.c_longlong()
+    lib.fake_cuda_host_bytes(ctypes.byref(down), ctypes.byref(up))
+    return down.value, up.value
+
+
 def read(result, dtype) -> np.ndarray:
     """The contents of a device array that ddl allocated (a ddl CudaArray), read through the fake driver once
     every stream is done."""

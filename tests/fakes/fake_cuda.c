@@ -7,7 +7,7 @@
  * stand-in NCCL queue its collectives on a stream; fake_cuda_synchronize waits for every stream (what a test
  * does before it reads "device" memory from the host, as cudaDeviceSynchronize would). FAKE_CUDA_DEVICES sets
  * the device count (0: cuInit fails with CUDA_ERROR_NO_DEVICE); FAKE_CUDA_PENDING=1 makes every event stay
- * pending (a copy that never finishes). */
+ * pending (a copy that never finishes). fake_cuda_host_bytes counts the bytes copied between host and "device". */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,8 +200,19 @@ int cuEventQuery(void* p) {
   return __atomic_load_n(&e->completed, __ATOMIC_ACQUIRE) >= __atomic_load_n(&e->recorded, __ATOMIC_ACQUIRE) ? 0
                                                                                                            : 600;
 }
-int cuMemcpyDtoHAsync_v2(void* h, CUdeviceptr d, size_t n, void* s) { return copy(h, (void*)d, n, s); }
-int cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* h, size_t n, void* s) { return copy((void*)d, h, n, s); }
+static long long host_bytes[2]; /* device to host, host to device: what fake_cuda_host_bytes reports */
+void fake_cuda_host_bytes(long long* to_host, long long* to_device) {
+  *to_host = __atomic_load_n(&host_bytes[0], __ATOMIC_ACQUIRE);
+  *to_device = __atomic_load_n(&host_bytes[1], __ATOMIC_ACQUIRE);
+}
+int cuMemcpyDtoHAsync_v2(void* h, CUdeviceptr d, size_t n, void* s) {
+  __atomic_add_fetch(&host_bytes[0], (long long)n, __ATOMIC_ACQ_REL);
+  return copy(h, (void*)d, n, s);
+}
+int cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* h, size_t n, void* s) {
+  __atomic_add_fetch(&host_bytes[1], (long long)n, __ATOMIC_ACQ_REL);
+  return copy((void*)d, h, n, s);
+}
 int cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr x, size_t n, void* s) { return copy((void*)d, (void*)x, n, s); }
 int cuMemAlloc_v2(CUdeviceptr* p, size_t n) { *p = (CUdeviceptr)malloc(n); return *p ? 0 : 2; }
 /* As cuMemFree does on a GPU: the memory is released once the work queued before is done. */

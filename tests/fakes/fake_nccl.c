@@ -9,7 +9,10 @@
  * progress" until every member has. A peer that never arrives is an error after FAKE_NCCL_TIMEOUT seconds
  * (default 60), never a hang. FAKE_NCCL_VERSION sets the version; FAKE_NCCL_HANG=1 makes creation never finish
  * (ddl's deadline);
- * FAKE_NCCL_MAX_RANKS refuses larger communicators (the error path of a group NCCL cannot form). */
+ * FAKE_NCCL_MAX_RANKS refuses larger communicators (the error path of a group NCCL cannot form);
+ * FAKE_NCCL_LOG names a file each collective appends one line to as it runs:
+ * "pid name nranks rank kind count element-size" (name: the communicator's segment, "-" alone) (kind: allreduce, reduce_scatter, all_gather, broadcast), what the
+ * tests count bytes per level from. ncclGroupStart/End are accepted: collectives run in the order queued. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -31,7 +34,8 @@ typedef struct {
 } Shared;
 typedef struct {
   int nranks, rank, hang, aborted;
-  char name[64];
+  char name[128];
+  int splits; /* how many splits this member has made of it (names the new groups) */
   Shared* shared;
   unsigned char* slots; /* nranks slots of SLOT bytes after the header */
   size_t bytes;
@@ -86,6 +90,7 @@ static int init(Comm** out, int nranks, ncclUniqueId id, int rank, int blocking)
   }
   if (nranks == 1) return kSuccess;
   memcpy(c->name, id.internal, sizeof c->name - 1);
+  c->name[sizeof c->name - 1] = 0;
   c->bytes = 4096 + (size_t)nranks * SLOT;
   int fd = shm_open(c->name, O_CREAT | O_RDWR, 0600);
   if (fd < 0 || ftruncate(fd, (off_t)c->bytes) != 0) return kSystemError;
@@ -349,8 +354,20 @@ static void find_streams(void) {
   }
 }
 
+static void log_collective(const Queued* q) {
+  static const char* kinds[] = {"allreduce", "reduce_scatter", "all_gather", "broadcast"};
+  const char* path = getenv("FAKE_NCCL_LOG");
+  if (!path || !q->c) return;
+  FILE* f = fopen(path, "a");
+  if (!f) return;
+  fprintf(f, "%d %s %d %d %s %zu %zu\n", (int)getpid(), q->c->name[0] ? q->c->name : "-", q->c->nranks, q->c->rank,
+          kinds[q->kind], q->n, kSize[q->t]);
+  fclose(f);
+}
+
 static void run_queued(void* p) {
   Queued* q = p;
+  log_collective(q);
   switch (q->kind) {
     case 0: ncclAllReduce_now(q->s, q->r, q->n, q->t, q->op, q->c, NULL); break;
     case 1: ncclReduceScatter_now(q->s, q->r, q->n, q->t, q->op, q->c, NULL); break;
@@ -382,4 +399,44 @@ int ncclAllGather(const void* s, void* r, size_t n, int t, Comm* c, void* st) {
 }
 int ncclBroadcast(const void* s, void* r, size_t n, int t, int root, Comm* c, void* st) {
   return queue(3, s, r, n, t, 0, root, c, st);
+}
+
+int ncclGroupStart(void) { return kSuccess; }
+int ncclGroupEnd(void) { return kSuccess; }
+int ncclCommCount(const Comm* c, int* n) { *n = c->nranks; return kSuccess; }
+int ncclCommUserRank(const Comm* c, int* r) { *r = c->rank; return kSuccess; }
+
+/* Collective over the parent's members: each publishes (color, key) in its slot, and the members of one color
+ * join a communicator named after the parent, the split's number and the color, ranked by (key, parent rank). */
+int ncclCommSplit(Comm* c, int color, int key, Comm** out, Config* config) {
+  if (!c || c->aborted) return kInvalidArgument;
+  if (!stream_enqueue) find_streams();
+  if (synchronize_all) synchronize_all(); /* queued collectives use the slots */
+  int n = c->nranks, me = 0, members = 0, number = c->splits++;
+  int* table = malloc(2 * sizeof(int) * (size_t)n);
+  if (n == 1) {
+    table[0] = color;
+    table[1] = key;
+  } else {
+    int mine[2] = {color, key};
+    memcpy(slot(c, c->rank), mine, sizeof mine);
+    STEP(barrier(c));
+    for (int r = 0; r < n; ++r) memcpy(table + 2 * r, slot(c, r), 2 * sizeof(int));
+    STEP(barrier(c));
+  }
+  *out = NULL;
+  if (color < 0) {
+    free(table);
+    return kSuccess;
+  }
+  for (int r = 0; r < n; ++r) {
+    if (table[2 * r] != color) continue;
+    members++;
+    if (table[2 * r + 1] < key || (table[2 * r + 1] == key && r < c->rank)) me++;
+  }
+  free(table);
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  snprintf(id.internal, sizeof id.internal, "%.80s.%d.%d", c->name[0] ? c->name : "/ddl-fake-nccl-one", number, color);
+  return init(out, members, id, me, !config || config->blocking != 0);
 }

@@ -6,7 +6,12 @@ several processes of this host through shared memory). Each layout of ranks is a
 - "one group": one NCCL group of every rank, in rank order (NCCL's collectives as they are);
 - "reversed": one group whose members are not in rank order (rows are laid out for it, and put back);
 - "pairs": groups of two ranks that are not neighbours (r and r + size/2), MPI between them (a layout
-  before and after NCCL, and a staged level on each member's share).
+  before and after NCCL, and a staged level on each member's share: DDL_NCCL_LEVELS=1);
+- "every level": the same tree with NCCL at both levels (DDL_NCCL_LEVELS=all), large buffers in blocks (the
+  wavefront of group calls, its block size lowered so the tests' sizes reach it);
+- "racks": three levels (pairs of pairs of ranks, every level on NCCL) where the ranks make them (8), and
+  where they do not divide evenly (3) nodes of two and one rank: no level NCCL's equal blocks can serve, all
+  staged.
 
 Expected values come from numpy over every rank's inputs. What this proves: layouts, offsets, padding, uneven
 rows, avg scaling across levels, out handling, agreement and errors. What it cannot: anything about real GPUs
@@ -23,22 +28,33 @@ from mpi4py import MPI
 from test_collectives import DTYPES, assert_reduced, contribution, expected, name, valid
 
 from ddl import DDLError, gpu
+from ddl.gpu import path as path_module
 from ddl.core.communicator import Communicator
 from ddl.options import parse
 from fakes import FakeDeviceArray, build, read, synchronize
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.rank, COMM.size
-LAYOUTS = ["staged", "one group", "reversed", "pairs"]
+LAYOUTS = ["staged", "one group", "reversed", "pairs", "every level", "racks"]
+SETTING = {"staged": "0", "one group": "auto", "reversed": "auto", "pairs": "1", "every level": "all",
+           "racks": "all"}
 
 
 def hierarchy(layout):
     if layout == "reversed":
         return [list(reversed(range(SIZE)))]
-    if layout == "pairs":
+    if layout in ("pairs", "every level"):
         half = SIZE // 2
         return [[r, r + half] for r in range(half)]
+    if layout == "racks":
+        return [[[0, 1], [2, 3]], [[4, 5], [6, 7]]] if SIZE == 8 else [[0, 1], [2]]
     return None
+
+
+def nccl_groups(layout):
+    """The NCCL group sizes of every level the layout runs on NCCL."""
+    return {"staged": [], "one group": [SIZE], "reversed": [SIZE], "pairs": [2],
+            "every level": [2, SIZE // 2], "racks": [2, 2, 2] if SIZE == 8 else []}[layout]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -57,20 +73,25 @@ def fakes():
 @pytest.fixture(scope="module", params=LAYOUTS)
 def comm(request):
     layout = request.param
-    if layout == "pairs" and (SIZE < 4 or SIZE % 2):
-        pytest.skip("pairs of ranks with MPI between them need an even number of ranks, 4 or more")
+    if layout in ("pairs", "every level") and (SIZE < 4 or SIZE % 2):
+        pytest.skip("pairs of ranks with a level between them need an even number of ranks, 4 or more")
     if layout == "reversed" and SIZE == 1:
         pytest.skip("one rank is in rank order")
-    os.environ["DDL_NCCL_LEVELS"] = "0" if layout == "staged" else "auto"
+    if layout == "racks" and SIZE not in (3, 8):
+        pytest.skip("racks of pairs of pairs at 8 ranks, uneven nodes at 3")
+    os.environ["DDL_NCCL_LEVELS"] = SETTING[layout]
     c = Communicator.from_mpi(COMM, parse("-timeout 60"), hierarchy=hierarchy(layout))
-    # the opposite now: the levels are the communicator's, read as it was made, not at its first device call
+    # another now: the levels are the communicator's, read as it was made, not at its first device call
     os.environ["DDL_NCCL_LEVELS"] = "auto" if layout == "staged" else "0"
+    blocks = path_module.PIPELINE_BYTES
+    path_module.PIPELINE_BYTES = 1 << 20  # (the wavefront from 2 MiB)
     x = np.ones(1, np.float32)
     c.allreduce(FakeDeviceArray(x), out=FakeDeviceArray(x))
     path = c.road.named("device")._paths[0]
-    groups = {"staged": 1, "one group": SIZE, "reversed": SIZE, "pairs": 2}[layout]
-    assert path.group.nranks == groups, f"{layout}: NCCL groups of {path.group.nranks}, not {groups}"
+    sizes = [g.nranks if g is not None else 1 for g in path.groups]
+    assert sizes == nccl_groups(layout), f"{layout}: NCCL groups of {sizes} ranks, not {nccl_groups(layout)}"
     yield c
+    path_module.PIPELINE_BYTES = blocks
     c.close()
 
 

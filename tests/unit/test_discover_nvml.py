@@ -122,7 +122,8 @@ def test_nvml_that_fails_to_start_means_no_gpus():
 
 
 def test_two_discovered_dgx_h100_nodes_give_nccl_one_group_per_node():
-    """Discovery -> tree -> the GPU path's split: NCCL inside each node (NVLink-priced level), MPI between."""
+    """Discovery -> tree -> the GPU path's levels: NCCL inside each node (NVLink-priced level), GPU k of each node
+    a group of the level between them."""
     from ddl import gpu
 
     gpus = discover.nvml_gpus(DGX_H100)
@@ -131,9 +132,9 @@ def test_two_discovered_dgx_h100_nodes_give_nccl_one_group_per_node():
     tree, levels = found.hierarchy(found.place([r["host"] for r in reports], 16))
     assert tree == [list(range(8)), list(range(8, 16))]
     assert levels[0].link.startswith("nvlink4") and levels[0].bandwidth > 10 * levels[1].bandwidth
-    groups = gpu.nccl_groups(tree, [r["host"] for r in reports])
-    assert groups == [list(range(8)), list(range(8, 16))]
-    assert gpu.cross_tree(tree, groups, 3) == [0, 1]  # GPU 3 of each node: one MPI pair
+    assert gpu.level_groups(tree)[0] == [list(range(8)), list(range(8, 16))]
+    assert gpu.Layout(tree, 1, 3).across[3] == [3, 11]  # GPU 3 of each node: one MPI pair
+    assert gpu.Layout(tree, 2, 3).mine == [list(range(8)), [3, 11]]  # or NCCL between them too
 
 
 def test_ddl_topo_without_a_source_plans_one_rank_per_gpu(monkeypatch, capsys):

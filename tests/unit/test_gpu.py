@@ -87,26 +87,64 @@ def test_nccl_is_looked_for_in_the_setting_then_wheels_then_the_system(tmp_path)
 
 # -- decisions ----------------------------------------------------------------------------------------------
 
-def test_nccl_groups_are_the_innermost_groups_when_each_is_one_host():
-    tree = [[0, 1], [2, 3]]
-    assert gpu.nccl_groups(tree, ["a", "a", "b", "b"]) == [[0, 1], [2, 3]]
-    assert gpu.nccl_groups([[0, 2], [1, 3]], ["a", "b", "a", "b"]) == [[0, 2], [1, 3]]  # round-robin placement
-    assert gpu.nccl_groups(tree, ["a", "b", "a", "b"]) == [[0], [1], [2], [3]]  # a group spans hosts
-    assert gpu.nccl_groups([[0, 1, 2], [3, 4]], ["a"] * 3 + ["b"] * 2) == [[r] for r in range(5)]  # uneven
-    assert gpu.nccl_groups(tree, None, "0") == [[0], [1], [2], [3]]
-    assert gpu.nccl_groups([0, 1, 2], ["a"] * 3) == [[0, 1, 2]]  # one host, flat
-    with pytest.raises(DDLError, match="DDL_NCCL_LEVELS='2'"):
-        gpu.nccl_groups(tree, None, "2")
-
-
-def test_cross_tree_keeps_the_outer_levels_for_each_member():
+def test_level_groups_hold_the_members_that_share_every_other_position():
     racks = [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]  # 2 racks x 2 nodes x 2 GPUs
-    groups = [[0, 1], [2, 3], [4, 5], [6, 7]]
-    # members 1 of every node are ranks 1, 3, 5, 7: cross ranks 0..3, still in two racks
-    assert gpu.cross_tree(racks, groups, 1) == [[0, 1], [2, 3]]
-    assert gpu.cross_tree([[0, 2], [1, 3]], [[0, 2], [1, 3]], 0) == [0, 1]
-    assert gpu.cross_tree([0, 1, 2], [[0, 1, 2]], 2) == [0]
-    assert gpu.cross_tree(racks, [[r] for r in range(8)], 0) == racks
+    assert gpu.level_groups(racks) == [
+        [[0, 1], [2, 3], [4, 5], [6, 7]],  # the GPUs of a node
+        [[0, 2], [4, 6], [1, 3], [5, 7]],  # GPU k of the nodes of a rack
+        [[0, 4], [2, 6], [1, 5], [3, 7]],  # GPU k of node i of every rack
+    ]
+    assert gpu.level_groups([[0, 2], [1, 3]]) == [[[0, 2], [1, 3]], [[0, 1], [2, 3]]]  # round-robin placement
+    assert gpu.level_groups([0, 1, 2]) == [[[0, 1, 2]]]
+    assert gpu.level_groups([[0, 1, 2], [3, 4]]) == []  # uneven nodes: nothing NCCL's equal blocks can serve
+    # even nodes, uneven racks: the node level only
+    assert gpu.level_groups([[[0, 1], [2, 3]], [[4, 5]]]) == [[[0, 1], [2, 3], [4, 5]]]
+
+
+def test_nccl_levels_follow_the_setting():
+    assert [gpu.nccl_levels(s, 3, 1) for s in ("0", "1", "2", "5", "all", "auto")] == [0, 1, 2, 3, 3, 1]
+    assert gpu.nccl_levels("auto", 2) == 2  # nothing priced: every regular level
+    for bad in ("two", "-1", ""):
+        with pytest.raises(DDLError, match=f"DDL_NCCL_LEVELS={bad!r}"):
+            gpu.nccl_levels(bad, 2)
+
+
+def test_layout_places_each_rank_where_in_place_reduce_scatters_leave_it():
+    racks = [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    every = gpu.Layout(racks, 3, 5)
+    assert every.position == (1, 0, 1)  # second GPU of node [4, 5]; its node first in [5, 7]; rack 2 of [1, 5]
+    assert every.flat[5] == 1 * 4 + 0 * 2 + 1
+    assert sorted(every.flat.values()) == list(range(8)) and every.outer_size == 1 and every.outer_tree == [0]
+    # 16 elements: level 0 leaves the second half, level 1 its first half, level 2 that one's second half
+    assert every.spans(16) == [(0, 16), (8, 8), (8, 4), (10, 2)]
+    nodes = gpu.Layout(racks, 1, 5)  # NCCL in the node, MPI above among GPU 1 of every node: ranks 1, 3, 5, 7
+    assert nodes.across == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert nodes.outer_tree == [[0, 1], [2, 3]]  # still two racks
+    assert gpu.Layout([[0, 2], [1, 3]], 1, 0).outer_tree == [0, 1]
+    assert gpu.Layout(racks, 0, 3).outer_tree == racks and gpu.Layout(racks, 0, 3).spans(5) == [(0, 5)]
+    uneven = gpu.Layout([[[0, 1], [2, 3]], [[4, 5]]], 1, 4)
+    assert uneven.across == [[0, 2, 4], [1, 3, 5]] and uneven.outer_tree == [[0, 1], [2]]
+
+
+def test_the_cost_model_puts_network_levels_on_nccl_and_says_what_each_carries():
+    from ddl.gpu.levels import choose_levels, level_sizes
+    from ddl.topology.costs import LevelCost
+
+    assert level_sizes([[[0, 1], [2, 3]], [[4, 5]]]) == [2, 2, 2] and level_sizes([0, 1, 2]) == [3]
+
+    tree = [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    levels = [LevelCost("node", "nvlink4", 3e-6, 25e9 * 18, 1 / 4e9, "peer"),
+              LevelCost("leaf", "ib_ndr", 5e-6, 48e9, 1 / 4e9),
+              LevelCost("spine", "ib_ndr", 5e-6, 12e9, 1 / 4e9)]
+    auto = choose_levels(tree, levels, "auto")
+    # staging adds PCIe copies and CPU reductions on the same wires: NCCL at every level is cheapest
+    assert auto.nccl == 3 and min(auto.seconds.values()) == auto.seconds[3] < auto.seconds[0]
+    assert [lv.transport for lv in auto.levels] == ["nccl"] * 3
+    # bytes per rank at 32 MiB: 2 S (g-1)/g on S, S/2, S/4
+    assert [lv.sends for lv in auto.levels] == [32 << 20, 16 << 20, 8 << 20]
+    staged = choose_levels(tree, levels, "1")
+    assert [lv.transport for lv in staged.levels] == ["nccl", "mpi (staged)", "mpi (staged)"]
+    assert "node (2 per group): nccl, 32 MiB sent per rank" in staged.text() and "DDL_NCCL_LEVELS=1" in staged.text()
 
 
 @pytest.mark.parametrize("count,g", [(0, 4), (1, 4), (10, 4), (12, 4), (7, 1), (1000003, 8)])

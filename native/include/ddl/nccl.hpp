@@ -9,6 +9,8 @@
 #pragma once
 #include <climits>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,12 +50,17 @@ struct Library {
   Result (*ncclCommDestroy)(Comm);
   Result (*ncclCommAbort)(Comm);
   Result (*ncclCommGetAsyncError)(Comm, Result*);
+  Result (*ncclCommCount)(Comm, int*);
+  Result (*ncclCommUserRank)(Comm, int*);
   const char* (*ncclGetErrorString)(Result);
   const char* (*ncclGetLastError)(Comm);  // NCCL >= 2.13; optional
   Result (*ncclReduceScatter)(const void*, void*, size_t, int, int, Comm, cuda::Stream);
   Result (*ncclAllGather)(const void*, void*, size_t, int, Comm, cuda::Stream);
   Result (*ncclAllReduce)(const void*, void*, size_t, int, int, Comm, cuda::Stream);
   Result (*ncclBroadcast)(const void*, void*, size_t, int, int, Comm, cuda::Stream);
+  Result (*ncclGroupStart)();
+  Result (*ncclGroupEnd)();
+  Result (*ncclCommSplit)(Comm, int, int, Comm*, Config*);  // NCCL >= 2.18; optional
 
   std::string error_text(Result rc, Comm comm) const;
 
@@ -65,15 +72,34 @@ struct Library {
 int dtype_code(DType t);
 int op_code(ReduceOp op, bool average);
 
-// One rank's NCCL communicator for its group, with ddl's own streams on the group's device:
+// ddl's two streams on one device, shared by the NCCL groups of every level of a communicator (one order for
+// every level's collectives):
 //   work  - NCCL collectives and device copies, ordered after the caller's stream;
 //   copy  - device<->host staging, so copies overlap the MPI transfers of other chunks.
-// Every wait polls with a deadline; a timeout aborts the communicator.
+struct Streams {
+  Streams(std::shared_ptr<cuda::Driver> drv, int device);
+  ~Streams();
+  std::shared_ptr<cuda::Driver> drv;
+  cuda::Stream work = nullptr, copy = nullptr;
+};
+
+// One rank's NCCL communicator for its group, on ddl's streams. Every wait polls with a deadline; a timeout
+// aborts the communicator.
 class Group {
  public:
+  // Joins the group of `id` (made by one member, handed to the others by ddl's bootstrap); `streams`: another
+  // group's, or null for streams of its own.
   Group(std::shared_ptr<Library> lib, std::shared_ptr<cuda::Driver> drv, int device, const UniqueId& id,
-        int nranks, int rank, double timeout_s);
+        int nranks, int rank, double timeout_s, std::shared_ptr<Streams> streams = nullptr);
   ~Group();
+  // ncclCommSplit (collective over this group's members, every one calling with its color and key): the new
+  // group of the members of this one's color, ordered by key, on the same streams; null for color < 0.
+  static std::shared_ptr<Group> split(const std::shared_ptr<Group>& parent, int color, int key);
+  std::shared_ptr<Streams> streams() const { return streams_; }
+  bool can_split() const { return lib_->ncclCommSplit != nullptr; }
+  // ncclGroupStart / ncclGroupEnd: the collectives queued between them (on any groups) launch together.
+  void group_start();
+  void group_end(const std::string& what);
   int nranks() const { return nranks_; }
   int rank() const { return rank_; }
   int device() const { return device_; }
@@ -103,12 +129,16 @@ class Group {
   void settle(const std::string& what);  // until the last call is queued, or NCCL reports an error
   size_t record(cuda::Stream s);
   [[noreturn]] void fail(const std::string& what);
+  Group(std::shared_ptr<Library> lib, std::shared_ptr<cuda::Driver> drv, int device, int nranks, int rank,
+        double timeout_s, std::shared_ptr<Streams> streams);
+  void create(const std::string& what, std::function<Result(Comm*)> make);  // on a thread, with the deadline
 
   std::shared_ptr<Library> lib_;
   std::shared_ptr<cuda::Driver> drv_;
   int device_, nranks_, rank_;
   double timeout_s_;
   Comm comm_ = nullptr;
+  std::shared_ptr<Streams> streams_;
   cuda::Stream work_ = nullptr, copy_ = nullptr;
   std::vector<cuda::Event> events_;  // tickets: reused from the start by every collective (after())
   size_t next_event_ = 0;
