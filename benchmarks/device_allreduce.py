@@ -6,8 +6,9 @@ bandwidths beside.
 
 Per size, in rotating order, median over repeats (a sample of a small size is the mean of a burst of calls):
 ddl.allreduce of a torch CUDA tensor as a user gets it (one host: one NCCL group of every rank), the same with
-every level over MPI (DDL_NCCL_LEVELS=0: staged through pinned memory, each rank its own node) and with NCCL
-groups of two ranks (4+ ranks: pairs, MPI between them), torch.distributed's "nccl" allreduce of the same
+every level over MPI (DDL_NCCL_LEVELS=0: staged through pinned memory, each rank its own node), with NCCL
+groups of two ranks (4+ ranks: pairs, MPI between them: DDL_NCCL_LEVELS=1) and with NCCL at both levels of
+that tree (DDL_NCCL_LEVELS=all), torch.distributed's "nccl" allreduce of the same
 tensor (NCCL alone: the peer), and ddl.allreduce of a numpy array of the same bytes (the host path). Ranks that
 share a GPU are separate NCCL hosts (NCCL_HOSTID); run under CUDA MPS for their kernels to run together
 (DDL_BENCH_MPS=1 says so in the table). Copy bandwidths: pinned device->host and host->device (CUDA events).
@@ -64,7 +65,9 @@ def worker(repeats: int) -> dict:
         return comm
 
     default, staged = made("auto"), made("0")
-    pairs = made("auto", [[i, i + 1] for i in range(0, size, 2)]) if size % 2 == 0 and size > 2 else None
+    tree = [[i, i + 1] for i in range(0, size, 2)]
+    pairs = made("1", tree) if size % 2 == 0 and size > 2 else None
+    every = made("all", tree) if size % 2 == 0 and size > 2 else None
     assert default.road.named("device")._paths[0].group.nranks == size, "the default is one NCCL group"
     rows = []
     for nbytes in SIZES:
@@ -77,6 +80,7 @@ def worker(repeats: int) -> dict:
                  HOST: lambda: staged.allreduce(h, out=h)}
         if pairs is not None:
             cases["ddl, NCCL pairs + MPI"] = lambda: pairs.allreduce(x, out=x)
+            cases["ddl, NCCL at both levels"] = lambda: every.allreduce(x, out=x)
         burst = BURST if nbytes < BURST_BELOW else 1
 
         def reset():

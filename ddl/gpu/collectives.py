@@ -23,9 +23,10 @@ class DeviceCollectives:
     serves = frozenset(("allreduce", "broadcast", "allgather", "reduce_scatter"))
     first = True  # (no other path can stand in for it, whatever DDL_PATH says)
 
-    def __init__(self, comm):
+    def __init__(self, comm, levels: str | None = None):
         self.comm = comm
-        self.levels = setting("DDL_NCCL_LEVELS")  # as the communicator is made (its paths come at first use)
+        # as the communicator is made (its paths come at first use); a world without MPI gives "all"
+        self.levels = levels or setting("DDL_NCCL_LEVELS")
         self._paths: dict[int, DevicePath] = {}
 
     def close(self) -> None:
@@ -47,7 +48,8 @@ class DeviceCollectives:
     def _path(self, device: int) -> DevicePath:
         path = self._paths.get(device)
         if path is None:
-            path = self._paths[device] = DevicePath(self.comm, device, self.levels)
+            exchange = getattr(self.comm, "exchange", None)  # (a world without MPI hands ids through its store)
+            path = self._paths[device] = DevicePath(self.comm, device, self.levels, exchange)
         return path
 
     @staticmethod

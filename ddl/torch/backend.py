@@ -11,7 +11,10 @@ topology-aware collectives, asynchronously: each call is submitted to the commun
 raises the collective's error). Every rank submits in the same order (DDP's fixed bucket order, FSDP's layer
 order); a rank that does not gets MismatchError through its Work.
 
-Ranks are MPI's: torch's rank must be the MPI rank (ddlrun sets RANK from it). ``dist.new_group(ranks)`` (and
+Ranks are MPI's: torch's rank must be the MPI rank (ddlrun sets RANK from it). Started without an MPI launcher
+(torchrun) the processes join one MPI communicator through torch's store on MPICH 4; on an MPI that cannot join
+them (Open MPI) the group is a world of GPU ranks over the store alone (ddl.gpu.world: CUDA tensors on NCCL at
+every level, host tensors refused in one line). ``dist.new_group(ranks)`` (and
 every group of a DeviceMesh) gets a communicator of its own over those ranks (MPI_Comm_create_group), planned
 for its own hosts. The group keeps the name torch gives it (DeviceMesh and FSDP2 find groups by name).
 reduce_scatter_tensor and all_gather_into_tensor (and their coalesced and list forms, uneven sizes included)
@@ -19,9 +22,9 @@ run ddl's reduce-scatter and allgather, planned per level; all_to_all_single is 
 gather and scatter ride on allgather and broadcast (more traffic than a direct exchange: they serve
 checkpoints, not every step); reduce is an allreduce. Ops sum, avg, product, min, max; dtypes float16,
 bfloat16, float32, float64, int32, int64 (broadcast and allgather: any). CUDA tensors take ddl's GPU path
-(ddl.gpu: every collective per level, NCCL inside a node, MPI between nodes) on the caller's thread, queued
-after the caller's current stream (which waits for it): inside a node the call returns once NCCL's kernels are
-queued. Their Work's wait() makes the current stream wait for the collective's event, as NCCL's does. Not
+(ddl.gpu: every collective per level, NCCL at the levels its cost model picks, MPI staged above) on the
+caller's thread, queued after the caller's current stream (which waits for it): with every level on NCCL the
+call returns once NCCL's kernels are queued. Their Work's wait() makes the current stream wait for the collective's event, as NCCL's does. Not
 provided: send/recv (pipeline parallelism) and PREMUL_SUM (FSDP's set_gradient_divide_factor); they raise an
 error naming them. Tested with torch 2.13 (CUDA:
 tests/gpu, run only where there is a GPU).
@@ -323,9 +326,23 @@ def _split_into(outs, flat: torch.Tensor, call: str, rank: int) -> None:
         at += o.numel()
 
 
+_device_world = None  # the world of a job started alone on an MPI whose processes cannot connect (GPU only)
+
+
 def _create(opts, pg_options=None) -> ProcessGroupDDL:
     """torch's creator (extended API): the world group shares ddl's communicator; a new group gets its own."""
-    if not ddl.initialized() and not launched_by_mpi() and opts.group_size > 1 and not opts.global_ranks_in_group:
+    global _device_world
+    alone = not ddl.initialized() and not launched_by_mpi() and opts.group_size > 1
+    if alone and (_device_world is not None or not bootstrap.can_join()):
+        # started alone (torchrun, an operator) where MPI cannot join the processes: GPU tensors run over NCCL at
+        # every level, bootstrapped through torch's store (ddl.gpu.world); host tensors are refused in one line
+        from ddl.gpu.world import DeviceWorld
+
+        world = DeviceWorld(opts.store, opts.group_rank, opts.group_size, ddl_options.parse(), bootstrap.mpi_library())
+        if not opts.global_ranks_in_group:
+            _device_world = world
+        return ProcessGroupDDL(world, opts.group_rank, opts.group_size)
+    if alone and not opts.global_ranks_in_group:
         # started alone (torchrun, an operator): the ranks join one MPI communicator through torch's store
         timeout = ddl_options.parse().timeout
         ddl.init(comm=bootstrap.join(opts.store, opts.group_rank, opts.group_size, timeout))

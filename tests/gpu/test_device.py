@@ -1,6 +1,7 @@
 """ddl on real GPUs (marker gpu; skipped where there is none): cupy and torch inputs, every dtype and op,
 results on the same device, stream order, the MPI levels staged through pinned memory (every rank its own
-node: DDL_NCCL_LEVELS=0) and NCCL groups of several processes on one GPU (DDL_NCCL_LEVELS=auto)."""
+node: DDL_NCCL_LEVELS=0), NCCL groups of several processes on one GPU with MPI between them (DDL_NCCL_LEVELS=1)
+and NCCL at every level (DDL_NCCL_LEVELS=all)."""
 import os
 
 import numpy as np
@@ -60,13 +61,14 @@ def device_of(framework, x):
     return x.device.id if framework == "cupy" else x.device.index
 
 
-@pytest.fixture(scope="module", params=["0", "auto"], ids=["mpi-levels", "nccl-groups"])
+@pytest.fixture(scope="module", params=["0", "1", "all"], ids=["mpi-levels", "nccl-groups", "nccl-every-level"])
 def world(request):
     os.environ["DDL_NCCL_LEVELS"] = request.param
     ddl.finalize()
-    # nccl-groups: pairs of ranks form a "node" (one NCCL group), the pairs talk over MPI
+    # nccl-groups: pairs of ranks form a "node" (one NCCL group), the pairs talk over MPI; nccl-every-level: the
+    # same tree with NCCL between the pairs too
     tree = [list(range(i, min(i + 2, SIZE))) for i in range(0, SIZE, 2)] if SIZE > 1 else None
-    ddl.init(COMM, options="-timeout 60", hierarchy=tree if request.param == "auto" and SIZE % 2 == 0 else None)
+    ddl.init(COMM, options="-timeout 60", hierarchy=tree if request.param != "0" and SIZE % 2 == 0 else None)
     yield request.param
     ddl.finalize()
 

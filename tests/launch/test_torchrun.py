@@ -118,3 +118,21 @@ def test_without_mpich_4_torchrun_is_refused_in_one_line():
     done = torchrun(2, "ddp", timeout=120)
     assert done.returncode != 0
     assert "needs MPICH 4 (make MPI=mpich setup" in done.stderr and "launch with ddlrun" in done.stderr
+
+
+@pytest.mark.skipif(JOINS, reason="on MPICH 4 the processes join one MPI world instead")
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_without_mpich_4_gpu_tensors_run_over_nccl_through_the_store(tmp_path, nproc):
+    """Open MPI: the ddl backend's world is made over torch's store, GPU arrays (the stand-ins) run on NCCL at
+    every level with groups made through the store, and host tensors are refused on every rank in one line."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from fakes import build
+
+    done = torchrun(nproc, "device", env=build(str(tmp_path)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    for r in range(nproc):
+        assert f"rank {r} of {nproc}: device world ran every collective, NCCL groups [{nproc}]" in done.stdout
+        assert f"rank {r} mismatch: rank {r}: ranks called ddl differently: rank 0: allreduce(cuda, shape=(9,)" \
+            in done.stdout
+        assert f"rank {r} host refused: rank {r}: collectives on host (CPU) arrays without an MPI launcher" \
+            in done.stdout

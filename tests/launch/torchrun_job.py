@@ -14,6 +14,12 @@
     torchrun_job.py dies         ddl.init(), then the last rank exits before an allreduce: the others must fail
                                  naming it (each prints the error's text)
 
+    torchrun_job.py device       on an MPI whose processes cannot join (Open MPI), with the stand-in CUDA and NCCL
+                                 (tests/fakes): dist.init_process_group("ddl") makes a world over torch's store;
+                                 GPU arrays' allreduce, reduce_scatter, allgather and broadcast checked in closed
+                                 form (NCCL at every level), a mismatched call and host tensors refused on every
+                                 rank; each rank prints what it saw
+
     torchrun_job.py restarts     on torchrun's first attempt the last rank exits after ddl.init(); on the next
                                  (--max-restarts) every rank allreduces, checked in closed form
 
@@ -253,8 +259,70 @@ def restarts() -> int:
     return 0
 
 
+def device_world() -> int:
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the stand-ins
+    import ddl.torch  # noqa: F401 (registers the backend)
+    from ddl import DDLError, MismatchError
+    from ddl.gpu.world import DeviceWorld
+    from ddl.torch import backend
+    from fakes import FakeDeviceArray, read, synchronize
+
+    dist.init_process_group("ddl")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    world = backend._device_world
+    if not isinstance(world, DeviceWorld):
+        print(f"rank {rank}: the world is {world!r}, not a DeviceWorld", file=sys.stderr)
+        return 1
+    x = np.arange(10007, dtype=np.float32) * (rank + 1)
+    world.allreduce(FakeDeviceArray(x), out=FakeDeviceArray(x))
+    synchronize()
+    rows = np.arange(4 * size * 3, dtype=np.float64).reshape(4 * size, 3) + rank
+    part = read(world.reduce_scatter(FakeDeviceArray(rows), "sum"), np.float64)
+    mine = np.full((2, 5), rank, np.int32)
+    gathered = read(world.allgather(FakeDeviceArray(mine)), np.int32)
+    sent = np.arange(100, dtype=np.uint8) * (rank + 1)
+    world.broadcast(FakeDeviceArray(sent), size - 1, out=FakeDeviceArray(sent))
+    synchronize()
+    whole = size * np.arange(4 * size * 3, dtype=np.float64).reshape(4 * size, 3) + size * (size - 1) / 2
+    checks = {"allreduce": np.array_equal(x, np.arange(10007, dtype=np.float32) * size * (size + 1) / 2),
+              "reduce_scatter": np.array_equal(part, whole[4 * rank:4 * rank + 4]),
+              "allgather": np.array_equal(gathered, np.repeat(np.arange(size, dtype=np.int32), 2)[:, None]
+                                          * np.ones((1, 5), np.int32)),
+              "broadcast": np.array_equal(sent, np.arange(100, dtype=np.uint8) * size)}
+    wrong = [name for name, ok in checks.items() if not ok]
+    if wrong:
+        print(f"rank {rank}: wrong {wrong}", file=sys.stderr)
+        return 1
+    try:
+        world.allreduce(FakeDeviceArray(np.ones(8 + (rank == 0), np.float32)))
+        print(f"rank {rank}: a mismatched allreduce ran", file=sys.stderr)
+        return 1
+    except MismatchError as e:
+        print(f"rank {rank} mismatch: {e}", flush=True)
+    try:
+        dist.all_reduce(torch.ones(3))
+        print(f"rank {rank}: a host tensor's allreduce ran", file=sys.stderr)
+        return 1
+    except DDLError as e:
+        print(f"rank {rank} host refused: {e}", flush=True)
+    path = world._device._paths[0]
+    levels = [g.nranks if g is not None else 1 for g in path.groups]
+    print(f"rank {rank} of {size}: device world ran every collective, NCCL groups {levels}, "
+          f"mpi4py initialised MPI: {_mpi_initialized()}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def _mpi_initialized() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    return bool(mpi is not None and mpi.Is_initialized())
+
+
 if __name__ == "__main__":
     what = sys.argv[1]
     jobs = {"horovod": horovod_style, "lightning": lightning_trained, "accelerate": accelerate_trained,
-            "numpy": lambda: plain(sys.argv[2]), "restarts": restarts, "dies": dies}
+            "numpy": lambda: plain(sys.argv[2]), "restarts": restarts, "dies": dies, "device": device_world}
     sys.exit(trained(what) if what in ("ddp", "fsdp") else jobs[what]())

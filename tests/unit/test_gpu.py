@@ -200,3 +200,38 @@ def test_without_a_gpu_ddl_says_why_on_a_device_call(monkeypatch, tmp_path):
     with pytest.raises(DDLError, match="cannot load the CUDA driver library"):
         comm.allreduce(FakeDeviceArray(np.ones(4, np.float32)))
     assert comm.allreduce(np.ones(4, np.float32)).tolist() == [1.0] * 4  # host arrays are unaffected
+
+
+def test_a_world_without_mpi_groups_ranks_by_host_when_hosts_hold_alike():
+    from ddl.gpu.world import hosts_tree
+
+    assert hosts_tree(["a", "a", "b", "b"]) == [[0, 1], [2, 3]]
+    assert hosts_tree(["a", "b", "a", "b"]) == [[0, 2], [1, 3]]
+    assert hosts_tree(["a", "a", "a"]) == [0, 1, 2]  # one host: one group
+    assert hosts_tree(["a", "a", "b"]) == [0, 1, 2]  # uneven hosts: NCCL alone over every rank
+
+
+def test_the_store_exchange_gathers_in_rank_order_forgets_old_rounds_and_names_who_never_came():
+    import threading
+
+    dist = pytest.importorskip("torch.distributed")
+    from ddl.gpu.exchange import StoreExchange
+
+    store = dist.HashStore()
+    got = {}
+
+    def rank(r):
+        ex = StoreExchange(store, r, 3, timeout=20)
+        got[r] = [ex.allgather(f"{r}-{n}") for n in range(4)] + [ex.broadcast(r * 10)]
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert got == {r: [[f"{q}-{n}" for q in range(3)] for n in range(4)] + [0] for r in range(3)}
+    assert not store.check(["ddl/device/0/1", "ddl/device/2/2"])  # rounds two behind are removed
+    assert store.check(["ddl/device/4/0"])
+    lonely = StoreExchange(dist.HashStore(), 1, 3, timeout=0.5)
+    with pytest.raises(DDLError, match=r"rank 1: waited 0.5 s in the store for rank\(s\) \[0, 2\]"):
+        lonely.allgather("x")
