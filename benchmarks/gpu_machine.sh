@@ -5,6 +5,9 @@
 #   tests        tests/gpu at 1, 2 and 4 ranks, side by side
 #   allreduce N  benchmarks/device_allreduce.py at N ranks (NCCL alone beside)
 #   training N   benchmarks/device_training.py at N ranks (DDP and FSDP2 on CUDA: ddl against nccl)
+#   cluster      benchmarks/device_cluster.py on the emulated T1 and T2 (8 ranks on the one GPU through MPS; ddl with
+#                NCCL at every level, staged, auto, and NCCL alone). Needs iproute2 there: run
+#                benchmarks/carry_iproute.sh here first and carry .iproute as well
 # e.g. (device tool, carry .whl): bash benchmarks/gpu_machine.sh tests allreduce 2 training 2
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -39,6 +42,11 @@ while [ $# -gt 0 ]; do
         [ -f "$script" ] || { echo "no $script"; continue; }
         timeout 300 python "$script" --np "$n" --out "$OUT/device-$step-$n.md" > "$OUT/device-$step-$n.log" 2>&1 \
             && cat "$OUT/device-$step-$n.md" || { echo "$script --np $n failed:"; tail -30 "$OUT/device-$step-$n.log"; } ;;
+    cluster)
+        [ -x .iproute/wrap/ip ] || { echo "no .iproute: run benchmarks/carry_iproute.sh here and carry it"; continue; }
+        PATH=$PWD/.iproute/wrap:$PATH timeout 500 python benchmarks/device_cluster.py --topologies T1,T2 \
+            --sizes 1M,32M --out "$OUT/device-cluster.md" > "$OUT/device-cluster.log" 2>&1 \
+            && cat "$OUT/device-cluster.md" || { echo "device_cluster.py failed:"; tail -30 "$OUT/device-cluster.log"; } ;;
     *) echo "unknown step $step"; exit 2 ;;
     esac
     echo "[$step done at ${SECONDS} s]"
