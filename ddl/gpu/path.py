@@ -68,6 +68,7 @@ class DevicePath:
         self.choice = choose_levels(comm.tree, comm.levels, setting)
         self.layout = layout = Layout(comm.tree, self.choice.nccl, comm.rank)
         self.exchange = exchange or MpiExchange(comm.mpi_comm)
+        self._world = None  # the group of every rank the levels were split from
         self.groups = self._make_groups(nccl, device, comm.options.timeout)
         self.lead = next((g for g in self.groups if g is not None), None) or \
             self._alone(nccl, device, comm.options.timeout)
@@ -110,8 +111,8 @@ class DevicePath:
             return [_native.NcclGroup(nccl, self.driver, device, uid, size, rank, timeout)]
         if nccl.version >= SPLIT_VERSION:
             uid = self.exchange.broadcast(nccl.unique_id() if rank == 0 else None)
-            world = _native.NcclGroup(nccl, self.driver, device, uid, size, rank, timeout)
-            if world.can_split:  # (a level of groups of one needs none)
+            world = self._world = _native.NcclGroup(nccl, self.driver, device, uid, size, rank, timeout)
+            if world.can_split:  # (a level of groups of one needs none; the parent lives as long as its splits)
                 made = []
                 for j, (groups, mine, k) in enumerate(zip(layout.levels, layout.mine, layout.position)):
                     making.append(self._naming(j, mine))
@@ -144,7 +145,7 @@ class DevicePath:
     def close(self) -> None:
         if self.outer is not self.comm:
             self.outer.close()
-        self.groups, self.lead, self.group = [], None, None
+        self.groups, self.lead, self.group, self._world = [], None, None, None
 
     def _work_buffer(self, nbytes: int):
         if self._work is None or self._work.nbytes < nbytes:

@@ -12,6 +12,7 @@ link table (no probe runs without MPI); DDL_NCCL_LEVELS does not apply (there is
 """
 from __future__ import annotations
 
+import os
 import socket
 import threading
 
@@ -59,7 +60,9 @@ class DeviceWorld:
         self.rank, self.size = rank, size
         self.options = options or ddl_options.parse()
         self.lock = threading.RLock()
-        self.exchange = StoreExchange(store, rank, size, self.options.timeout)
+        # (torchrun's restarts reuse its store: each attempt keeps its own keys)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self.exchange = StoreExchange(store, rank, size, self.options.timeout, f"ddl/device/{attempt}/")
         self.hosts = self.exchange.allgather(socket.gethostname())
         self.tree = hosts_tree(self.hosts)
         nested = isinstance(self.tree[0], list)

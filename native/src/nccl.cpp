@@ -121,10 +121,17 @@ std::shared_ptr<Group> Group::split(const std::shared_ptr<Group>& parent, int co
   std::shared_ptr<Group> made(new Group(parent->lib_, parent->drv_, parent->device_, 0, 0, parent->timeout_s_,
                                         parent->streams_));
   Comm from = parent->comm_;
-  made->create("ncclCommSplit", [lib = parent->lib_, from, color, key](Comm* comm) {
-    Config config;
-    return lib->ncclCommSplit(from, color < 0 ? -1 : color, key, comm, &config);
-  });
+  try {
+    made->create("ncclCommSplit", [lib = parent->lib_, from, color, key](Comm* comm) {
+      Config config;
+      return lib->ncclCommSplit(from, color < 0 ? -1 : color, key, comm, &config);
+    });
+  } catch (const DeviceError&) {
+    // A split that failed or never finished may still be using the parent on its thread: abort the parent (its
+    // waits stop) rather than let it be destroyed under that thread later.
+    abandon(*parent);
+    throw;
+  }
   if (!made->comm_) return nullptr;  // (no color: not a member of any new group)
   return made;
 }
@@ -165,6 +172,12 @@ void Group::create(const std::string& how, std::function<Result(Comm*)> make) {
     if (lib_->ncclCommCount(comm_, &nranks_) != kSuccess || lib_->ncclCommUserRank(comm_, &rank_) != kSuccess)
       fail(what + ": ncclCommCount / ncclCommUserRank failed");
   }
+}
+
+void Group::abandon(Group& g) {
+  if (g.comm_ && !g.broken_) g.lib_->ncclCommAbort(g.comm_);
+  g.comm_ = nullptr;
+  g.broken_ = true;
 }
 
 void Group::group_start() {

@@ -132,6 +132,7 @@ class Group {
   Group(std::shared_ptr<Library> lib, std::shared_ptr<cuda::Driver> drv, int device, int nranks, int rank,
         double timeout_s, std::shared_ptr<Streams> streams);
   void create(const std::string& what, std::function<Result(Comm*)> make);  // on a thread, with the deadline
+  static void abandon(Group& g);  // aborts g's communicator, leaving g unusable
 
   std::shared_ptr<Library> lib_;
   std::shared_ptr<cuda::Driver> drv_;
