@@ -333,7 +333,7 @@ def _create(opts, pg_options=None) -> ProcessGroupDDL:
     """torch's creator (extended API): the world group shares ddl's communicator; a new group gets its own."""
     global _device_world
     alone = not ddl.initialized() and not launched_by_mpi() and opts.group_size > 1
-    if alone and (_device_world is not None or not bootstrap.can_join()):
+    if _device_world is not None or (alone and not bootstrap.can_join()):  # (a group of one too, in such a job)
         # started alone (torchrun, an operator) where MPI cannot join the processes: GPU tensors run over NCCL at
         # every level, bootstrapped through torch's store (ddl.gpu.world); host tensors are refused in one line
         from ddl.gpu.world import DeviceWorld

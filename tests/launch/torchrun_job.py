@@ -17,8 +17,8 @@
     torchrun_job.py device       on an MPI whose processes cannot join (Open MPI), with the stand-in CUDA and NCCL
                                  (tests/fakes): dist.init_process_group("ddl") makes a world over torch's store;
                                  GPU arrays' allreduce, reduce_scatter, allgather and broadcast checked in closed
-                                 form (NCCL at every level), a mismatched call and host tensors refused on every
-                                 rank; each rank prints what it saw
+                                 form (NCCL at every level), then in a group of the even ranks, a mismatched call
+                                 and host tensors refused on every rank; each rank prints what it saw
 
     torchrun_job.py restarts     on torchrun's first attempt the last rank exits after ddl.init(); on the next
                                  (--max-restarts) every rank allreduces, checked in closed form
@@ -308,6 +308,14 @@ def device_world() -> int:
         return 1
     except DDLError as e:
         print(f"rank {rank} host refused: {e}", flush=True)
+    evens = dist.new_group([r for r in range(size) if r % 2 == 0])  # a group of the world's: its own store keys
+    if rank % 2 == 0:
+        y = np.full(100, rank, np.float64)
+        evens.comm.allreduce(FakeDeviceArray(y), out=FakeDeviceArray(y))
+        synchronize()
+        if not np.all(y == sum(range(0, size, 2))) or evens.comm.size != (size + 1) // 2:
+            print(f"rank {rank}: the group of even ranks reduced {y[0]} over {evens.comm.size}", file=sys.stderr)
+            return 1
     path = world._device._paths[0]
     levels = [g.nranks if g is not None else 1 for g in path.groups]
     print(f"rank {rank} of {size}: device world ran every collective, NCCL groups {levels}, "
