@@ -2,6 +2,7 @@
 empty probe cache, on an idle machine and again with a busy process beside them (issue 48).
 
     python benchmarks/probe_trees.py [--jobs 10] [--shapes T2,star,interleaved] [--busy both]   # as root
+    python benchmarks/probe_trees.py --jobs 2 --record tests/unit/data/probe --out /tmp/x     # replayable rounds
 
 Each job is benchmarks/allreduce_job.py (ddl alone, 16 MiB float32 sum, checked) with ``-dbg_level 1``: its probe
 finds the switch levels, its plan runs, and rank 0's plan check compares the first allreduces with the plan's
@@ -73,11 +74,17 @@ def found(tree, hosts: list[str]):
     return next(iter(kids)) if len(kids) == 1 else frozenset(kids)
 
 
-def job(cluster, out: Path) -> dict:
+def plain(tree):
+    """An order-free tree (truth, found) as nested lists in a fixed order (JSON)."""
+    return tree if isinstance(tree, str) else sorted((plain(k) for k in tree), key=json.dumps)
+
+
+def job(cluster, out: Path, record: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         argv = [sys.executable, str(JOB), "--algos", "ddl", "--sizes", str(SIZE), "--repeats", "3", "--out", str(out)]
-        done = cluster.mpirun(argv, env={"DDL_PROBE_CACHE": cache, "DDL_OPTIONS": "-dbg_level 1"}, timeout=900,
-                              quiet=True, capture=True, tell_topology=False)
+        env = {"DDL_PROBE_CACHE": cache, "DDL_OPTIONS": "-dbg_level 1",
+               **({"DDL_PROBE_RECORD": str(record)} if record else {})}
+        done = cluster.mpirun(argv, env=env, timeout=900, quiet=True, capture=True, tell_topology=False)
     if done.returncode:
         raise RuntimeError(f"job failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
     result = json.loads(out.read_text())
@@ -85,7 +92,7 @@ def job(cluster, out: Path) -> dict:
     return {"us": result["times"]["ddl"][str(SIZE)], "model": result["model"],
             "probe": [s for s in said if s.startswith("probe")],
             "check": [s for s in said if s.startswith("plan check")],
-            "warned": any("far below the prediction" in s for s in said)}
+            "warned": any("far below" in s and s.startswith("plan check") for s in said)}
 
 
 def main(argv=None) -> int:
@@ -95,6 +102,8 @@ def main(argv=None) -> int:
     ap.add_argument("--busy", choices=("idle", "busy", "both"), default="both",
                     help="idle machine, one busy process beside the jobs, or both in turn")
     ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--record", help="a folder: every job's probe rounds (DDL_PROBE_RECORD) with the cluster's true "
+                                     "tree, for tests/unit/test_probe_replay.py")
     args = ap.parse_args(argv)
     from ddl.cluster import Cluster, available
 
@@ -113,7 +122,12 @@ def main(argv=None) -> int:
                 beside = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load == "busy" else None
                 try:
                     for i in range(args.jobs):
-                        r = job(cluster, cluster.workdir / "out.json")
+                        record = Path(args.record) / f"{shape}-{load}-{i}.json" if args.record else None
+                        r = job(cluster, cluster.workdir / "out.json", record)
+                        if record is not None:
+                            kept = json.loads(record.read_text())
+                            record.write_text(json.dumps({"shape": shape, "load": load, "truth": plain(want),
+                                                          **kept}))
                         got = found(r["model"]["tree"], r["model"]["hosts"])
                         row = {"shape": shape, "load": load, "job": i, "right": got == want,
                                "efficiency": bound / (r["us"] * 1e-6),

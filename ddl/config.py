@@ -56,6 +56,8 @@ SETTINGS = {
         Setting("DDL_PROBE_CACHE", "", "folder of probe results kept per set of hosts (default "
                 "~/.cache/ddl/probe; 'off': no cache)"),
         Setting("DDL_PROBE_BUDGET", "5", "seconds the probe may spend measuring before it gives up (hosts-only tree)"),
+        Setting("DDL_PROBE_RECORD", "", "a file the probe's first leader writes every round it measured to (the "
+                "flows asked for and their rates), so its grouping can be replayed (tests/unit/data/probe)"),
         Setting("DDL_PROBE_WINDOW", "16", "the probe pairs each host with at most this many neighbours in host "
                 "order per stage (all pairs up to this many hosts)"),
         Setting("DDL_SCHEDULER_TOPOLOGY", "auto", "switch levels from Slurm's `scontrol show topology`: auto (inside "

@@ -6,7 +6,8 @@ a fraction of what it could, and nothing else would tell the user. So on every c
 network, rank 0 times its allreduces of each size from ``MIN_BYTES`` (after the first call of a size:
 connections and first touches) and compares the median of every ``SAMPLES`` of them with the plan's prediction
 (its cost model, with the level figures it planned with): a job may start well and slow down when a neighbour
-starts. Below ``SLOW`` of the prediction it warns, whatever
+starts. Below ``SLOW`` of the prediction, or of the lower bound where the plan predicted at least that much
+(the model is a few per cent optimistic: a job can miss the bound by more than the prediction), it warns, whatever
 ``-dbg_level`` (once per communicator), naming the size, the times, the lower bound and how the level figures
 were obtained; where those came from the probe's cache, the cached result is marked doubtful, and the next job
 over these hosts measures afresh instead of verifying it. With ``-dbg_level 1`` each size's first check is
@@ -64,9 +65,12 @@ class PlanCheck:
         text = (f"plan check: allreduce of {format_size(nbytes)} took {measured * 1e3:.2f} ms (median of {SAMPLES}); "
                 f"the plan predicted {e.predicted * 1e3:.2f} ms, so it ran at {reached:.0%} of its prediction and "
                 f"{e.bound / measured:.0%} of the lower bound (level figures: {costs})")
-        if reached < SLOW and not self.warned:
+        # slow: far below the prediction, or below SLOW of the lower bound where the plan expected to reach it
+        short = reached < SLOW or (e.bound / measured < SLOW <= e.bound / e.predicted)
+        if short and not self.warned:
             self.warned = True
-            self.say(f"{text}: far below the prediction. The levels or their figures may be wrong (a probe misled "
+            below = "the prediction" if reached < SLOW else f"{SLOW:.0%} of the lower bound, which the plan expected"
+            self.say(f"{text}: far below {below}. The levels or their figures may be wrong (a probe misled "
                      f"by noise, a network changed since it was measured) or the hosts are busy; "
                      f"{self.doubt(text)}")
         elif self.verbose and first_window:  # -dbg_level 1: each size's first window

@@ -15,6 +15,7 @@ from dataclasses import asdict
 
 import numpy as np
 
+from ... import config
 from .calibrate import REPEATS as CALIBRATION_REPEATS, SECONDS as CALIBRATION_SECONDS, calibrate
 from .grouping import Flow
 from .result import ProbeError, ProbeResult, utc_now
@@ -133,15 +134,41 @@ class Leaders:
         self.nbytes = int(min(MAX_BYTES, max(MIN_BYTES, slowest * seconds)))
 
 
+class Recorder:
+    """Every round a leader measured, kept when ``path`` is set (DDL_PROBE_RECORD) and written there at the end:
+    the flows asked for and those measured, in order, per phase, so tests can replay the grouping on them."""
+
+    def __init__(self, path: str):
+        self.path, self.rounds = path, {"survey": [], "calibration": []}
+
+    def __call__(self, phase: str, measure):
+        if not self.path:
+            return measure
+
+        def recorded(pairs, index):
+            flows = measure(pairs, index)
+            self.rounds[phase].append({"pairs": [list(p) for p in pairs], "index": index,
+                                       "flows": [asdict(f) for f in flows]})
+            return flows
+        return recorded
+
+    def write(self, hosts: list[str], window: int, repeats: int, result: ProbeResult) -> None:
+        if self.path:
+            with open(self.path, "w") as f:
+                json.dump({"hosts": hosts, "window": window, "repeats": repeats, "rounds": self.rounds,
+                           "found": result.tree}, f)
+
+
 def probe(comm, rank_hosts: list[str], budget: float, timeout: float, window: int = DEFAULT_WINDOW,
           repeats: int = 2) -> ProbeResult:
     """Runs the probe on every rank of ``comm`` (mpi4py); ``rank_hosts``: each rank's host. Raises ProbeError
     on every rank, with the same reason, where there is no result."""
     def survey_as_leader(sub, hosts: list[str]) -> dict:
         run = Leaders(sub, hosts, budget, timeout)
+        record = Recorder(config.get("DDL_PROBE_RECORD") if sub.rank == 0 else "")
         started = time.perf_counter()
         run.calibrate(4 * repeats * len(patterns(len(hosts), window)))
-        result = survey(hosts, run.round, window, repeats)
+        result = survey(hosts, record("survey", run.round), window, repeats)
         flow_bytes = run.nbytes
         # The levels' figures under an allreduce's load, on a budget of their own (a few short rounds per level)
         loaded = Leaders(sub, hosts, 2.0 + 1.5 * len(result.levels), timeout)
@@ -149,7 +176,9 @@ def probe(comm, rank_hosts: list[str], budget: float, timeout: float, window: in
         def size_flows(nbytes: float) -> int:  # (the same on every leader: it follows from the survey)
             loaded.nbytes = int(min(MAX_BYTES, max(MIN_BYTES, nbytes)))
             return loaded.nbytes
-        result = calibrate(result, hosts, loaded.round, size_flows, first_round=result.rounds)
+        result = calibrate(result, hosts, record("calibration", loaded.round), size_flows,
+                           first_round=result.rounds)
+        record.write(hosts, window, repeats, result)
         result.seconds = time.perf_counter() - started
         result.measured_at = utc_now()
         result.settings = {"window": window, "repeats": repeats, "budget": budget, "flow_bytes": flow_bytes,
