@@ -5,8 +5,8 @@ The NCCL levels are the innermost regular ones (ddl.gpu.groups); the choice is h
 device allreduce of S bytes costs, per rank,
   - each NCCL level j (g members, S_j bytes entering it): a reduce-scatter and an all-gather, ring steps at NCCL's
     own latencies (tuning.cc, Simple protocol: 8.4 us a call, 3.4 us a hop over NVLink, 5.7 over PCIe, 14 over
-    the network) and S_j (g-1)/g bytes each way at 0.92 of the level's link (NCCL's ring efficiency; ddl's own executor
-    reaches as much of a level's links, so staged levels get it too);
+    the network) and S_j (g-1)/g bytes each way at 0.92 of the level's link (NCCL's ring efficiency; ddl's own
+    executor reaches as much of a level's links, so staged levels get it too);
   - the staged levels above: the shard copied to pinned host memory and back over PCIe, and ddl's host plan
     among the members of a position (each level a reduce-scatter and an allgather at its alpha and bandwidth,
     the figures the planner uses, probed or calibrated where the probe ran, reduced by the CPU).
@@ -33,12 +33,12 @@ HOST_LINKS = ("shm", "xbus", "upi")
 
 
 def nccl_link(link: str) -> tuple[str, float]:
-    """(family, bytes/s) of NCCL's path over a level whose host-side link is ``link``."""
+    """(family, bytes/s) of NCCL's path over a level whose link is ``link`` (0: the level's own bandwidth)."""
     if link.startswith("nvlink"):
-        return "nvlink", links.kind(link).bandwidth * 1e9
+        return "nvlink", 0.0  # the level's own figure: its NVLink bundles
     if link.startswith("pcie") or link in HOST_LINKS:
         return "pcie", links.kind(link if link.startswith("pcie") else COPY_LINK).bandwidth * 1e9
-    return "network", 0.0  # the level's own (probed) bandwidth
+    return "network", 0.0  # the level's own (probed or calibrated) bandwidth
 
 
 @dataclass
