@@ -68,7 +68,7 @@ def worker(repeats: int) -> dict:
     tree = [[i, i + 1] for i in range(0, size, 2)]
     pairs = made("1", tree) if size % 2 == 0 and size > 2 else None
     every = made("all", tree) if size % 2 == 0 and size > 2 else None
-    assert default.road.named("device")._paths[0].group.nranks == size, "the default is one NCCL group"
+    assert default.road.named("device")._paths[0].lead.nranks == size, "the default is one NCCL group"
     rows = []
     for nbytes in SIZES:
         count = max(1, nbytes // 4)

@@ -56,13 +56,18 @@ def can_join() -> bool:
     return mpi_library().startswith("MPICH 4.")
 
 
+def refusal(rank: int, what: str = "ddl", instead: str = "launch with ddlrun (or mpirun) instead",
+            library: str | None = None) -> str:
+    """The one line that refuses ``what`` without an MPI launcher on an MPI that cannot join its processes."""
+    return (f"rank {rank}: {what} without an MPI launcher (torchrun, RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) "
+            f"needs MPICH 4 (make MPI=mpich setup, or pip install 'mpich<5' before mpi4py and ddl); this ddl runs "
+            f"on {library or mpi_library()}, whose separately started processes cannot connect: {instead}")
+
+
 def check_mpi(rank: int) -> None:
     """Refuses, in one line, an MPI whose singletons cannot connect to each other."""
     if not can_join():
-        raise DDLError(f"rank {rank}: ddl without an MPI launcher (torchrun, RANK/WORLD_SIZE/MASTER_ADDR/"
-                       f"MASTER_PORT) needs MPICH 4 (make MPI=mpich setup, or pip install 'mpich<5' before mpi4py "
-                       f"and ddl); this ddl runs on {mpi_library()}, whose separately started processes cannot "
-                       f"connect: launch with ddlrun (or mpirun) instead")
+        raise DDLError(refusal(rank))
 
 
 def open_store(rank: int, size: int, timeout: float, environ=os.environ):

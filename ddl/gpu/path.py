@@ -72,7 +72,6 @@ class DevicePath:
         self.groups = self._make_groups(nccl, device, comm.options.timeout)
         self.lead = next((g for g in self.groups if g is not None), None) or \
             self._alone(nccl, device, comm.options.timeout)
-        self.group = self.lead  # (staging and the tests read it)
         self.flat = self.flat_world()  # NCCL's collectives serve as they are
         if layout.outer_size == comm.size:
             self.outer = comm  # every level over MPI: the communicator's own plan
@@ -106,12 +105,12 @@ class DevicePath:
         layout, rank, size = self.layout, self.comm.rank, self.comm.size
         if not layout.levels:
             return []
-        if self.flat_world():
+        if self.flat_world() or nccl.version >= SPLIT_VERSION:
             uid = self.exchange.broadcast(nccl.unique_id() if rank == 0 else None)
-            return [_native.NcclGroup(nccl, self.driver, device, uid, size, rank, timeout)]
-        if nccl.version >= SPLIT_VERSION:
-            uid = self.exchange.broadcast(nccl.unique_id() if rank == 0 else None)
-            world = self._world = _native.NcclGroup(nccl, self.driver, device, uid, size, rank, timeout)
+            world = _native.NcclGroup(nccl, self.driver, device, uid, size, rank, timeout)
+            if self.flat_world():  # the one level is this group
+                return [world]
+            self._world = world
             if world.can_split:  # (a level of groups of one needs none; the parent lives as long as its splits)
                 made = []
                 for j, (groups, mine, k) in enumerate(zip(layout.levels, layout.mine, layout.position)):
@@ -145,7 +144,7 @@ class DevicePath:
     def close(self) -> None:
         if self.outer is not self.comm:
             self.outer.close()
-        self.groups, self.lead, self.group, self._world = [], None, None, None
+        self.groups, self.lead, self._world = [], None, None
 
     def _work_buffer(self, nbytes: int):
         if self._work is None or self._work.nbytes < nbytes:
@@ -173,17 +172,28 @@ class DevicePath:
         if dst.stream != src.stream:
             self.lead.after(dst.stream)
 
+    def _scatter_level(self, j: int, work: int, spans, es: int, dtype, rop, average: bool) -> None:
+        """Level j's NCCL reduce-scatter, in place: it leaves this rank span j+1 of span j (``Layout.spans``).
+        A level of groups of one moves nothing."""
+        (at, _), (mine, n) = spans[j], spans[j + 1]
+        if self.groups[j] is not None:
+            self.groups[j].reduce_scatter(work + at * es, work + mine * es, n, dtype, rop, average)
+
+    def _gather_level(self, j: int, work: int, spans, es: int, dtype) -> None:
+        """Level j's NCCL all-gather, in place: the inverse of _scatter_level."""
+        (at, _), (mine, n) = spans[j], spans[j + 1]
+        if self.groups[j] is not None:
+            self.groups[j].all_gather(work + mine * es, work + at * es, n, dtype)
+
     def _down_levels(self, work: int, spans, es: int, dtype, rop, average: bool) -> None:
-        """NCCL reduce-scatters innermost first, in place: level j leaves this rank span j+1 of span j."""
-        for g, (at, _), (mine, n) in zip(self.groups, spans, spans[1:]):
-            if g is not None:  # (a level of groups of one moves nothing)
-                g.reduce_scatter(work + at * es, work + mine * es, n, dtype, rop, average)
+        """NCCL reduce-scatters innermost first."""
+        for j in range(len(self.groups)):
+            self._scatter_level(j, work, spans, es, dtype, rop, average)
 
     def _up_levels(self, work: int, spans, es: int, dtype) -> None:
-        """NCCL all-gathers outermost first, in place: the inverse of _down_levels."""
-        for g, (at, _), (mine, n) in reversed(list(zip(self.groups, spans, spans[1:]))):
-            if g is not None:
-                g.all_gather(work + mine * es, work + at * es, n, dtype)
+        """NCCL all-gathers outermost first."""
+        for j in reversed(range(len(self.groups))):
+            self._gather_level(j, work, spans, es, dtype)
 
     def allreduce(self, src: DeviceArray, dst: DeviceArray, op: str, label: str) -> None:
         """dst = allreduce(src), both on this device (they may be the same array)."""
@@ -230,14 +240,10 @@ class DevicePath:
                 b = step - phase
                 if not 0 <= b < blocks:
                     continue
-                j = phase if phase < m else 2 * m - 1 - phase
-                (at, _), (mine, n) = spans[b][j], spans[b][j + 1]
-                if self.groups[j] is None:
-                    continue
                 if phase < m:
-                    self.groups[j].reduce_scatter(work + at * es, work + mine * es, n, dtype, rop, average)
+                    self._scatter_level(phase, work, spans[b], es, dtype, rop, average)
                 else:
-                    self.groups[j].all_gather(work + mine * es, work + at * es, n, dtype)
+                    self._gather_level(2 * m - 1 - phase, work, spans[b], es, dtype)
             self.lead.group_end(f"{label}: step {step} of the NCCL levels")
 
     def reduce_scatter(self, src: DeviceArray, dst: DeviceArray, rows: tuple, op: str, label: str) -> None:
@@ -247,7 +253,7 @@ class DevicePath:
         dtype, rop = native_dtype_name(src.dtype), native_op_name(op, src.dtype)
         row = math.prod(src.shape[1:])
         outer = self.outer.size > 1
-        average = op == "avg" and not outer  # (NCCL divides by each level's size, the staged levels by theirs)
+        average = op == "avg"  # (NCCL divides by each level's size, the staged levels by theirs)
         self._enter(src, dst)
         if self.flat and len(set(rows)) == 1:
             self.lead.reduce_scatter(src.ptr, dst.ptr, rows[0] * row, dtype, rop, average)
@@ -260,7 +266,7 @@ class DevicePath:
             for at, start, nbytes in pieces:
                 self.lead.copy_dd(work + at, src.ptr + start, nbytes)
             spans = self.layout.spans(self.layout.blocks * blk // es)
-            self._down_levels(work, spans, es, dtype, rop, op == "avg" and bool(self.groups))
+            self._down_levels(work, spans, es, dtype, rop, average)
             mine = work + f * blk
             if outer:
                 block = self._down(mine, used[f], label)

@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import options as ddl_options
 from ..core.agreement import hash64
+from ..core.bootstrap import refusal
 from ..core.calls import Calls
 from ..errors import DDLError, MismatchError
 from ..topology.costs import default_level
@@ -29,10 +30,8 @@ NODE_LINK, NETWORK_LINK = "pcie4", "eth_100g"  # nominal: no probe runs without 
 
 
 def host_refusal(rank: int, library: str) -> str:
-    return (f"rank {rank}: collectives on host (CPU) arrays without an MPI launcher (torchrun, RANK/WORLD_SIZE/"
-            f"MASTER_ADDR/MASTER_PORT) needs MPICH 4 (make MPI=mpich setup, or pip install 'mpich<5' before mpi4py "
-            f"and ddl); this ddl runs on {library}, whose separately started processes cannot connect, so only GPU "
-            f"arrays run here: move the tensors to the GPU, or launch with ddlrun (or mpirun) instead")
+    return refusal(rank, "collectives on host (CPU) arrays", "only GPU arrays run here: move the tensors to the "
+                   "GPU, or launch with ddlrun (or mpirun) instead", library)
 
 
 def hosts_tree(hosts: list[str]):
