@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..planner.model import Shape
 from ..topology import links
 from ..units import format_size
 from .groups import level_groups, nccl_levels
@@ -78,20 +79,9 @@ class DeviceLevels:
 
 
 def level_sizes(tree) -> list[int]:
-    """Members per group at every level, innermost first: the children of the tree's nodes at each height (the
-    most where a level is uneven)."""
-    sizes: list[int] = []
-
-    def height(t) -> int:
-        if isinstance(t, int):
-            return 0
-        h = max(height(c) for c in t)
-        sizes.extend([0] * (h + 1 - len(sizes)))
-        sizes[h] = max(sizes[h], len(t))
-        return h + 1
-
-    height(tree)
-    return sizes
+    """Members per group at every level, innermost first (the most where a level is uneven): the planner's
+    shape of the tree."""
+    return [max(sizes) for sizes in Shape.of(tree).sizes]
 
 
 def _nccl_seconds(cost, g: int, nbytes: float, share: int) -> float:
