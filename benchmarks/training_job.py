@@ -40,6 +40,9 @@ def main() -> int:
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb and the optimizer's")
     ap.add_argument("--scale", type=float, default=1.0, help="every tensor this times its size (smoke tests)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--buckets", action="store_true",
+                    help="DDP through a comm hook that times each bucket: when backward made it ready, when its "
+                         "allreduce finished (rank 0's, per step, seconds from the step's start)")
     args = ap.parse_args()
 
     import torch
@@ -97,11 +100,31 @@ def main() -> int:
                 x = Layer.apply(x, w, s)
             return x
 
+    step_start = [0.0]
+    buckets: dict[str, list] = {}
+
+    def timed_hook(name):
+        """DDP's default hook (average: divide, allreduce) that notes each bucket's ready and done times."""
+        def hook(group, bucket):
+            ready = time.perf_counter() - step_start[0]
+            tensor = bucket.buffer().div_(group.size())
+            fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+
+            def done(f):
+                buckets[name][-1].append((bucket.index(), tensor.numel() * 4, ready,
+                                          time.perf_counter() - step_start[0]))
+                return f.value()[0]
+            return fut.then(done)
+        return hook
+
     def build(name):
         model = Model()
         if name.startswith("ddp"):
             group = ddl_group if name == "ddp-ddl" else None
             net = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=args.bucket_mb)
+            if args.buckets:
+                net.register_comm_hook(group or dist.group.WORLD, timed_hook(name))
+                buckets[name] = []
             return net, torch.optim.SGD(net.parameters(), lr=0.0)
         opt = dt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                                       threshold=int(args.bucket_mb * (1 << 20)), overlap=name == "opt-overlap")
@@ -114,7 +137,9 @@ def main() -> int:
         for c in configs[k % len(configs):] + configs[:k % len(configs)]:  # alternate, rotating the order
             net, opt = runs[c]
             comm.Barrier()
-            t0 = time.perf_counter()
+            t0 = step_start[0] = time.perf_counter()
+            if c in buckets:
+                buckets[c].append([])
             opt.zero_grad()
             net(torch.zeros(1)).sum().backward()
             opt.step()
@@ -138,7 +163,8 @@ def main() -> int:
     if comm.rank == 0:
         with open(args.out, "w") as f:
             json.dump({"ranks": comm.size, "tensors": len(sizes), "bytes": 4 * total, "comm": comm_times,
-                       "compute": compute, "steps": steps, "lone_64mib": lone}, f)
+                       "compute": compute, "steps": steps, "lone_64mib": lone,
+                       "buckets": {c: [sorted(step) for step in b[1:]] for c, b in buckets.items()}}, f)
     dist.destroy_process_group()
     return 0
 

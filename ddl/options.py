@@ -60,6 +60,7 @@ class Options:
     topology: str | None = None     # file or machine name; None: discovery
     plan: str | None = None         # plan file forcing the plan
     small_bytes: int = 65536
+    rest: float = 100.0              # microseconds: the longest sleep between polls of a large run (0: spin)
     probe: str = "auto"             # auto, 0, 1, force (ddl.topology.probe)
     timeline: str | None = None     # Chrome-trace file written at ddl.finalize() (ddl.core.timeline)
     shm: str = "auto"               # the host memory level: auto, slots or 0 (ddl.core.host)
@@ -149,6 +150,7 @@ def _from_environment(environ) -> Options:
         segment=None if seg == "auto" else _segment(_number("segment (DDL_SEGMENT_BYTES)", seg, int, 1)),
         inflight=None if inflight == "auto" else _number("inflight (DDL_INFLIGHT)", inflight, int, 1),
         small_bytes=_number("small (DDL_SMALL_BYTES)", config.get("DDL_SMALL_BYTES", environ), int, 0),
+        rest=_number("rest (DDL_REST)", config.get("DDL_REST", environ), float, 0),
         topology=config.get("DDL_TOPOLOGY", environ) or None,
         plan=config.get("DDL_PLAN", environ) or None,
         probe=probe_mode(config.get("DDL_PROBE", environ), "DDL_PROBE="),
@@ -202,6 +204,7 @@ OPTIONS = {
     "timeline": Option("timeline", str, "", "DDL_TIMELINE", "FILE"),
     "shm": Option("shm", shm_mode, "", "DDL_SHM", "|".join(SHM_VALUES)),
     "path": Option("path", path_name, "", "DDL_PATH", "|".join(p.replace(" ", "_") for p in PATHS)),
+    "rest": Option("rest", lambda v: _number("rest", v, float, 0), "", "DDL_REST", "US"),
 }
 
 

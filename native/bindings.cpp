@@ -467,6 +467,13 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("recording", &Executor::recording)
       .def("record", &Executor::record, py::arg("on"),
            "Start or stop keeping every run's round spans (block, round, start ns, end ns) for take_spans().")
+      .def("rest", [](Executor& e, double longest_s, int64_t from_bytes) {
+        if (longest_s < 0 || from_bytes < 0) throw std::invalid_argument("rest: negative time or size");
+        e.rest(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(longest_s)), from_bytes);
+      }, py::arg("longest_s"), py::arg("from_bytes"),
+      "Runs of at least from_bytes sleep between polls while they wait (an eighth of the wait so far, at most "
+      "longest_s; 0: never), giving the core to the work beside them; smaller runs keep polling.")
+      .def_property_readonly("rests", &Executor::rests, "How many rests runs have taken so far.")
       .def("take_spans", [](Executor& e) {
         int64_t dropped = 0;
         std::vector<RoundSpan> spans = e.take_spans(&dropped);

@@ -44,6 +44,11 @@ from .plans import PlanCache
 from .road import Road
 
 SCRATCH_KEPT = 256 << 20  # staging bytes a communicator keeps between calls (larger ones are made per call)
+# Runs of at least this many bytes sleep between polls while they wait (DDL_REST): their waits are long, and
+# spinning through them took every core of the emulated clusters (8 ranks on 2: a 26 MB allreduce cost 0.65
+# CPU-seconds across the ranks where gloo's cost 0.15, and DDP's backward slowed beside it); smaller runs keep
+# polling, their wait being their latency (resting from 0 bytes: 8 B allreduces 150 -> 700 us on T1).
+REST_FROM_BYTES = 1 << 20
 TIMELINE_CALLS = 100_000  # calls a DDL_TIMELINE keeps per rank (the oldest go first)
 
 
@@ -140,6 +145,8 @@ class Communicator(Planning, Submitting):
         reports, where = discover.exchange(dup, by_name=bootstrap.joined_through is not None)
         probed = switch_levels(dup, reports, options, hierarchy, topology)
         executor = _native.Executor.mpi(dup, yield_when_idle=_mpi_spins()) if dup.size > 1 else None
+        if executor is not None:
+            executor.rest(options.rest * 1e-6, REST_FROM_BYTES)
         return cls(executor, dup.rank, dup.size, options, mpi_comm=dup, local=where,
                    hierarchy=hierarchy, topology=topology, reports=reports, probed=probed)
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 from ..topology import LevelCost, default_level
 from ..topology.tree import depth, nested, normalize
-from .model import (LEVEL_ALGORITHMS, MAX_BLOCKS, MIN_BLOCK_BYTES, TOP_ALGORITHMS, Phase, Shape, latency_phases,
-                    link_seconds, phases, pipelined)
+from .model import (LEVEL_ALGORITHMS, MAX_BLOCK_BYTES, MAX_BLOCKS, MIN_BLOCK_BYTES, MOST_BLOCKS, TOP_ALGORITHMS,
+                    Phase, Shape, latency_phases, link_seconds, phases, pipelined)
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def choose(tree, levels, nbytes: int, forced: tuple[str, ...] = (), block_bytes:
     algos = tuple(picks)
     ph = phases(shape, levels, algos, nbytes)
     busy = link_seconds(shape, levels, ph)
-    blocks = _blocks(ph, busy, nbytes, block_bytes)
+    blocks = _blocks(ph, busy, nbytes, block_bytes, any(lv.via == "uplink" for lv in levels))
     hier = pipelined(ph, blocks, busy)
     if set(forced) == {"auto"} and shape.depth > 1 and pipelined(latency_phases(shape, levels, nbytes), 1) < hier:
         return Plan(tree, levels, ("recursive_doubling",) * shape.depth, "latency", max(1, nbytes), 1)
@@ -130,9 +130,11 @@ def _level_cost(shape, levels, lvl, algo, nbytes) -> float:
     return sum(p.seconds for p in phases(shape, levels, algos, nbytes) if p.level == lvl)
 
 
-def _blocks(ph: list[Phase], busy: list[float], nbytes: int, block_bytes: int | None) -> int:
+def _blocks(ph: list[Phase], busy: list[float], nbytes: int, block_bytes: int | None, network: bool) -> int:
     if block_bytes:
         return max(1, -(-nbytes // block_bytes))
+    if network and nbytes > MAX_BLOCKS * MAX_BLOCK_BYTES:
+        return min(MOST_BLOCKS, -(-nbytes // MAX_BLOCK_BYTES))
     best, blocks = math.inf, 1
     b = 1
     while b <= MAX_BLOCKS and (b == 1 or nbytes / b >= MIN_BLOCK_BYTES):

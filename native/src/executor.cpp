@@ -37,8 +37,10 @@ struct ActiveBlock {
 
 class Run {
  public:
-  Run(Transport& t, const Plan& plan, char* buf, RunOptions& opt, std::vector<char>& arena)
-      : t_(t), plan_(plan), buf_(buf), opt_(opt), es_(dtype_size(opt.dtype)) {
+  Run(Transport& t, const Plan& plan, char* buf, RunOptions& opt, std::vector<char>& arena,
+      Clock::duration rest_longest, int64_t& rests)
+      : t_(t), plan_(plan), buf_(buf), opt_(opt), es_(dtype_size(opt.dtype)), rest_longest_(rest_longest),
+        rests_(rests) {
     const int64_t half = std::max(1, t.max_tag() / 2);
     tag_base_ = opt.header_mode ? 0 : half;   // header and data messages never match each other
     tag_span_ = half;
@@ -54,7 +56,8 @@ class Run {
     for (size_t s = slots_; s-- > 0;) free_slots.push_back(s);
     std::vector<size_t> slot_of;
     size_t next = 0;
-    auto idle_deadline = Clock::now() + timeout();
+    auto last_progress = Clock::now();
+    auto idle_deadline = last_progress + timeout();
     BlockHooks* hooks = opt_.hooks;
     while (true) {
       bool progressed = false;
@@ -65,6 +68,7 @@ class Run {
         progressed = true;
       }
       if (active.empty() && next == plan_.blocks.size()) break;
+      t_.poll();
       for (size_t i = 0; i < active.size();) {
         progressed |= advance(active[i]);
         if (active[i].round == active[i].rounds()) {
@@ -77,10 +81,14 @@ class Run {
         }
       }
       if (progressed) {
-        idle_deadline = Clock::now() + timeout();
+        last_progress = Clock::now();
+        idle_deadline = last_progress + timeout();
       } else {
-        if (Clock::now() > idle_deadline) fail(active, next);
-        t_.idle();
+        const auto now = Clock::now();
+        if (now > idle_deadline) fail(active, next);
+        const auto rest = std::min(rest_longest_, (now - last_progress) / 8);
+        if (rest > Clock::duration::zero()) ++rests_;
+        t_.idle(rest);
       }
     }
   }
@@ -245,6 +253,8 @@ class Run {
   char* buf_;
   RunOptions& opt_;
   size_t es_;
+  Clock::duration rest_longest_;  // zero: this run never rests
+  int64_t& rests_;
   int64_t tag_base_ = 0, tag_span_ = 1;
   size_t slot_bytes_ = 0, slots_ = 1;
   char* arena_ = nullptr;
@@ -328,7 +338,9 @@ void Executor::run(const Plan& plan, void* buf, RunOptions& opt) {
     rec->start_ns = clock_ns();
   }
   try {
-    Run(*t_, plan, static_cast<char*>(buf), opt, arena_).go();
+    const bool resting = rest_longest_ > Clock::duration::zero() && opt.bytes >= rest_from_;
+    Run(*t_, plan, static_cast<char*>(buf), opt, arena_, resting ? rest_longest_ : Clock::duration::zero(), rests_)
+        .go();
     if (rec) rec->end_ns = clock_ns(), rec->state = 1;
     if (spans_.size() > kMaxSpans) {  // nobody took them: keep the oldest, count the rest
       dropped_ += static_cast<int64_t>(spans_.size() - std::max(before, kMaxSpans));

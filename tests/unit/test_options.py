@@ -19,6 +19,7 @@ def test_ddl_options_and_environment_defaults():
     assert (o.timeout, o.algo, o.segment, o.inflight, o.small_bytes) == (7.5, "rabenseifner", 65536, 3, 128)
     assert parse("", environ={"DDL_TIMEOUT": "99"}).timeout == 99.0
     assert parse(None, environ={"DDL_OPTIONS": "-algo ring"}).algo == "ring"
+    assert (parse("", environ={}).rest, parse("", environ={"DDL_REST": "0"}).rest) == (100.0, 0.0)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -28,6 +29,7 @@ def test_ddl_options_and_environment_defaults():
     ("-mode r:4x0", "at least 1"),
     ("-dump_iter ten", "expects a number"),
     ("-algo magic", "-algo 'magic'"),
+    ("-rest -1", "-rest must be at least 0"),
 ])
 def test_bad_options_say_what_is_wrong(text, message):
     with pytest.raises(DDLError, match=message.replace("(", r"\(")):
@@ -55,7 +57,7 @@ def test_segment_is_capped_below_the_mpi_message_limit():
 SAMPLES = {"timeout": ("7.5", 7.5), "algo": ("ring,direct", "ring,direct"), "segment": ("4096", 4096),
            "inflight": ("3", 3), "topology": ("dgx1", "dgx1"), "plan": ("p.json", "p.json"),
            "probe": ("force", "force"), "timeline": ("t.json", "t.json"), "shm": ("0", "0"),
-           "path": ("host_memory", "host memory")}
+           "path": ("host_memory", "host memory"), "rest": ("250", 250.0)}
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))

@@ -169,6 +169,26 @@ def test_choice_at_the_extremes():
         planner.choose(tree, slow_net, 8, ("ring", "ring", "ring"))
 
 
+def test_blocks_across_a_network_stay_under_the_eager_sized_cap():
+    """Past MAX_BLOCKS blocks of MAX_BLOCK_BYTES, a plan over a network takes more blocks rather than larger ones
+    (up to MOST_BLOCKS); one host's plan and a forced segment keep the model's choice."""
+    tree = normalize([[0, 1], [2, 3], [4, 5], [6, 7]])
+    net = (LevelCost("node", "shm", 3e-6, 4e9, 2.5e-10, "peer"),
+           LevelCost("switch", "veth", 62e-6, 1.25e8, 2.5e-10, "uplink"))
+    cap, most = planner.MAX_BLOCK_BYTES, planner.MOST_BLOCKS
+    for nbytes in (planner.MAX_BLOCKS * cap + 1, 98 << 20, 300_000_007):
+        plan = planner.choose(tree, net, nbytes)
+        assert plan.block_bytes <= cap and math.ceil(nbytes / plan.block_bytes) == math.ceil(nbytes / cap)
+    huge = planner.choose(tree, net, 4 * most * cap)
+    assert math.ceil(4 * most * cap / huge.block_bytes) == most  # at most MOST_BLOCKS: blocks grow instead
+    small = planner.choose(tree, net, 8 << 20)
+    assert small.block_bytes >= planner.MIN_BLOCK_BYTES  # below the cap's reach the model still decides
+    inside = (LevelCost("socket", "shm", 3e-6, 4e9, 2.5e-10, "peer"),
+              LevelCost("host", "shm", 3e-6, 4e9, 2.5e-10, "peer"))
+    assert math.ceil((98 << 20) / planner.choose(tree, inside, 98 << 20).block_bytes) <= planner.MAX_BLOCKS
+    assert planner.choose(tree, net, 98 << 20, block_bytes=1 << 20).block_bytes == 1 << 20
+
+
 def test_pipelining_approaches_the_slowest_level():
     """Two levels of equal cost: pipelined blocks take about one level's time, not the sum of both."""
     tree = normalize([[0, 1], [2, 3]])

@@ -123,11 +123,20 @@ class Executor {
   static constexpr size_t kMaxSpans = size_t{1} << 22;
   // The flight recorder: the last n runs in a ring (0: none). Two clock reads and a string copy per run.
   void keep_runs(size_t n) { ring_.assign(n, RunRecord{}); }
+  // Runs of at least `from_bytes` rest between polls once they wait: an eighth of the time since anything
+  // last completed, at most `longest` (zero: never). Such a run's waits are long, on a slow link or behind
+  // ranks that share cores; a rest gives the core to the work beside it (backward, the other ranks) and
+  // delays noticing a completion by at most that eighth. Smaller runs keep polling: their wait is latency.
+  void rest(Clock::duration longest, int64_t from_bytes) { rest_longest_ = longest, rest_from_ = from_bytes; }
+  int64_t rests() const { return rests_; }  // rests taken so far (a count: what the tests can check)
   std::vector<RunRecord> runs() const;  // oldest first
 
  private:
   std::shared_ptr<Transport> t_;
   std::vector<char> arena_, small_;
+  Clock::duration rest_longest_{};
+  int64_t rest_from_ = 0;
+  int64_t rests_ = 0;
   std::string broken_;
   bool recording_ = false;
   std::vector<RoundSpan> spans_;

@@ -20,9 +20,10 @@ class MpiTransport final : public Transport {
   std::string name() const override { return "mpi"; }
   Handle isend(const void* data, size_t nbytes, int peer, int tag) override;
   Handle irecv(void* data, size_t nbytes, int peer, int tag) override;
+  void poll() override;
   bool test(Handle h) override;
   void abandon() override;
-  void idle() override;
+  void idle(Clock::duration rest) override;
 
  private:
   Handle take_slot(MPI_Request r);
@@ -34,6 +35,8 @@ class MpiTransport final : public Transport {
   bool yield_when_idle_ = false;
   std::vector<MPI_Request> slots_;
   std::vector<Handle> free_;
+  std::vector<int> done_;            // MPI_Testsome's outputs, kept between polls
+  std::vector<MPI_Status> statuses_;
 };
 
 }  // namespace ddl

@@ -36,11 +36,15 @@ class Transport {
   virtual std::string name() const = 0;
   virtual Handle isend(const void* data, size_t nbytes, int peer, int tag) = 0;
   virtual Handle irecv(void* data, size_t nbytes, int peer, int tag) = 0;
+  // Called once per pass of the executor's loop, before it tests its handles: a transport whose every test
+  // would run its library's progress engine runs it once here (MPI: one MPI_Testsome over every request).
+  virtual void poll() {}
   // True once the operation is complete (the handle is then released). Throws TransportError on failure.
   virtual bool test(Handle h) = 0;
-  // Called while the executor has nothing to do. MPI's progress engine already yields when told to
+  // Called while the executor has nothing to do. ``rest``: how long it may sleep before polling again (zero:
+  // not at all, the answer is expected soon). MPI's progress engine already yields when told to
   // (mpi_yield_when_idle); threads of the loopback transport must yield to let their peers run.
-  virtual void idle() {}
+  virtual void idle(Clock::duration rest) { (void)rest; }
   // Give up every outstanding operation after a failure; the transport is unusable afterwards.
   virtual void abandon() = 0;
 };

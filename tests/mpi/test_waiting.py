@@ -1,0 +1,48 @@
+"""How the executor waits, with MPI ranks (any N >= 2): a large run whose peers are late rests between polls
+(DDL_REST) and still reduces right; a small run, or any run with DDL_REST=0, keeps polling. Rank 0 arrives
+late on purpose, so every other rank waits about that long inside the run."""
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ddl.core.communicator import REST_FROM_BYTES, Communicator
+from ddl.options import parse
+from test_collectives import assert_reduced, contribution
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.rank, COMM.size
+LATE = 0.3  # seconds rank 0 arrives after the others
+
+
+def late_allreduce(rest_us: float, nbytes: int) -> int:
+    """Rests the executor took during one allreduce of ``nbytes`` (float32) that rank 0 joins LATE seconds after
+    the others; checks the result against the closed form."""
+    comm = Communicator.from_mpi(COMM, replace(parse("", environ={}), rest=rest_us, path="planned", shm="0"))
+    try:
+        n = nbytes // 4
+        comm.allreduce(contribution(RANK, n, np.float32, "sum"))  # the plan and the agreement, before counting
+        before = comm._executor.rests
+        COMM.Barrier()
+        if RANK == 0:
+            time.sleep(LATE)
+        result = comm.allreduce(contribution(RANK, n, np.float32, "sum"))
+        assert_reduced(result, n, np.float32, "sum")
+        return comm._executor.rests - before
+    finally:
+        comm.close()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_large_run_rests_while_its_peers_are_late():
+    rests = late_allreduce(100, 2 * REST_FROM_BYTES)
+    if RANK != 0:  # each rest is at most 100 us (plus the kernel's slack): a 0.3 s wait takes many of them
+        assert rests > 0
+
+
+@pytest.mark.mpi(min_size=2)
+def test_no_rests_with_rest_zero_or_below_the_size_that_rests():
+    assert late_allreduce(0, 2 * REST_FROM_BYTES) == 0
+    assert late_allreduce(100, REST_FROM_BYTES // 4) == 0
