@@ -47,8 +47,9 @@ SCRATCH_KEPT = 256 << 20  # staging bytes a communicator keeps between calls (la
 # Runs of at least this many bytes sleep between polls while they wait (DDL_REST): their waits are long, and
 # spinning through them took every core of the emulated clusters (8 ranks on 2: a 26 MB allreduce cost 0.65
 # CPU-seconds across the ranks where gloo's cost 0.15, and DDP's backward slowed beside it); smaller runs keep
-# polling, their wait being their latency (resting from 0 bytes: 8 B allreduces 150 -> 700 us on T1).
-REST_FROM_BYTES = 1 << 20
+# polling, their wait being their latency (on T1, resting from 0 bytes: 8 B allreduces 150 -> 700 us; from
+# 1 MiB: a 1 MiB broadcast, a chain of eight ranks, 10.9 -> 14.2 ms).
+REST_FROM_BYTES = 4 << 20
 TIMELINE_CALLS = 100_000  # calls a DDL_TIMELINE keeps per rank (the oldest go first)
 
 
