@@ -4,7 +4,7 @@ topology's lower bound. Pure arithmetic over (tree, levels, size): no MPI, no pl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..topology import links
 from ..topology.tree import Regular, depth
@@ -184,6 +184,25 @@ def latency_phases(shape: Shape, levels, nbytes: float) -> list[Phase]:
                        q.link_bytes + ph.link_bytes, q.compute + ph.compute)
         out.append(ph)
     return out
+
+
+def agreement_phases(shape: Shape, levels, nbytes: float, by_host: bool) -> list[Phase]:
+    """The agreement round with ``nbytes`` riding in it, as ddl.core.agreement runs it. ``by_host`` (level 0's
+    groups are the hosts, and the round crosses them once per host): each host's ranks to its first rank, recursive
+    doubling among the first ranks with one sender per host, back down; else recursive doubling over all ranks
+    (latency_phases), where every rank of a node sends through its NICs at once."""
+    if not by_host or shape.depth < 2:
+        return latency_phases(shape, levels, nbytes)
+    c, g = levels[0], max(shape.sizes[0])
+    fan = c.alpha + (g - 1) * nbytes / c.bandwidth  # the first rank receives from each of its host's ranks
+    gather = Phase(0, "to each host's first rank", "leader", 1, fan + (g - 1) * nbytes * c.gamma, c.alpha,
+                   (g - 1) * nbytes, (g - 1) * nbytes * c.gamma)
+    per_host = shape.under[1]
+    leaders = Shape(shape.depth - 1, shape.sizes[1:], tuple(max(1, u // per_host) for u in shape.under[1:]),
+                    shape.groups[1:], shape.groups[0])
+    between = [replace(p, level=p.level + 1) for p in latency_phases(leaders, levels[1:], nbytes)]
+    scatter = Phase(0, "back from each host's first rank", "leader", 1, fan, c.alpha, (g - 1) * nbytes, 0.0)
+    return [gather, *between, scatter]
 
 
 def link_bytes(shape: Shape, levels, ph: list[Phase]) -> list[float]:

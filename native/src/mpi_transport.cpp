@@ -2,7 +2,6 @@
 
 #include <sched.h>
 
-#include <algorithm>
 #include <climits>
 #include <thread>
 #if __has_include(<mpi-ext.h>)

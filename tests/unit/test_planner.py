@@ -189,6 +189,23 @@ def test_blocks_across_a_network_stay_under_the_eager_sized_cap():
     assert planner.choose(tree, net, 98 << 20, block_bytes=1 << 20).block_bytes == 1 << 20
 
 
+def test_the_agreement_round_by_host_sends_one_payload_per_host_and_round():
+    """4 hosts x 2 ranks: to the first rank (one message in), two rounds of recursive doubling between hosts
+    with one sender each (not two ranks sharing the NIC), back out; in closed form."""
+    tree = normalize([[0, 1], [2, 3], [4, 5], [6, 7]])
+    shm = LevelCost("node", "shm", 3e-6, 4e9, 2.5e-10, "peer")
+    net = LevelCost("switch", "veth", 62e-6, 1.25e8, 2.5e-10, "uplink")
+    n = 8192
+    ph = planner.agreement_phases(planner.Shape.of(tree), (shm, net), n, by_host=True)
+    fan = 3e-6 + n / 4e9
+    between = 2 * (62e-6 + n / 1.25e8 + n * 2.5e-10)
+    assert [p.level for p in ph] == [0, 1, 0] and ph[1].rounds == 2
+    assert planner.pipelined(ph, 1) == pytest.approx(fan + n * 2.5e-10 + between + fan)
+    every_rank = planner.agreement_phases(planner.Shape.of(tree), (shm, net), n, by_host=False)
+    assert every_rank == planner.latency_phases(planner.Shape.of(tree), (shm, net), n)
+    assert planner.pipelined(every_rank, 1) > planner.pipelined(ph, 1)  # two ranks' payloads through one NIC
+
+
 def test_pipelining_approaches_the_slowest_level():
     """Two levels of equal cost: pipelined blocks take about one level's time, not the sum of both."""
     tree = normalize([[0, 1], [2, 3]])
