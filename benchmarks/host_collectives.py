@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter")
-SIZES = (8, 1 << 10, 64 << 10, 1 << 20, 16 << 20)  # on the emulated clusters (64 MiB there: seconds per call)
+SIZES = (8, 1 << 10, 8 << 10, 64 << 10, 1 << 20, 16 << 20)  # on the emulated clusters (64 MiB there: seconds per call)
 ONE_HOST_SIZES = SIZES + (64 << 20,)
 
 
