@@ -23,6 +23,7 @@ from .. import _native
 from ..errors import DDLError, MismatchError, RankFailure, TransportError
 from ..options import Options, parse
 from ..planner.explain import explain
+from ..planner.model import MAX_BLOCK_BYTES
 from ..planner.per_level import grid_of
 from ..planner.sources import choose_tree
 from ..schedule.compile import CompiledPipeline
@@ -50,6 +51,17 @@ SCRATCH_KEPT = 256 << 20  # staging bytes a communicator keeps between calls (la
 # polling, their wait being their latency (on T1, resting from 0 bytes: 8 B allreduces 150 -> 700 us; from
 # 1 MiB: a 1 MiB broadcast, a chain of eight ranks, 10.9 -> 14.2 ms).
 REST_FROM_BYTES = 4 << 20
+# ... and only where a level's links are slow enough that a block's message outlasts the shortest sleep Linux
+# gives several times over (a rest is stretched by the thread's timer slack, 50 us): the planner's largest
+# block across a network in 400 us or more (2.6 Gbit/s or slower). Over faster links a rest outlasts the message it waits for
+# (4 ranks on one host, MPI's shared memory: 8 MiB allreduces 4.7 -> 6-10 ms, 64 MiB 37 -> 48 ms resting).
+REST_SLOWEST_BYTES_PER_S = MAX_BLOCK_BYTES / 400e-6
+
+
+def rest_seconds(levels, options: Options) -> float:
+    """The longest rest of this communicator's large runs: DDL_REST where some level's links are slow, else 0."""
+    slow = any(lv.bandwidth <= REST_SLOWEST_BYTES_PER_S for lv in levels)
+    return options.rest * 1e-6 if slow else 0.0
 TIMELINE_CALLS = 100_000  # calls a DDL_TIMELINE keeps per rank (the oldest go first)
 
 
@@ -82,6 +94,8 @@ class Communicator(Planning, Submitting):
         # over every rank); users and the per-level collectives read nested lists.
         self._plan_tree, self.tree = choice.tree, hierarchical.nested(choice.tree)
         self.tree_source = choice.source
+        if executor is not None:
+            executor.rest(rest_seconds(self.levels, o), REST_FROM_BYTES)
         self.hierarchy = self.tree if hierarchical.depth(self.tree) >= 2 else None
         self._grid = grid_of(self.tree)  # the ranks as coordinates: what broadcast, allgather, reduce_scatter follow
         self._algos = tuple(o.algo.split(","))
@@ -146,8 +160,6 @@ class Communicator(Planning, Submitting):
         reports, where = discover.exchange(dup, by_name=bootstrap.joined_through is not None)
         probed = switch_levels(dup, reports, options, hierarchy, topology)
         executor = _native.Executor.mpi(dup, yield_when_idle=_mpi_spins()) if dup.size > 1 else None
-        if executor is not None:
-            executor.rest(options.rest * 1e-6, REST_FROM_BYTES)
         return cls(executor, dup.rank, dup.size, options, mpi_comm=dup, local=where,
                    hierarchy=hierarchy, topology=topology, reports=reports, probed=probed)
 

@@ -1,6 +1,7 @@
 """How the executor waits, with MPI ranks (any N >= 2): a large run whose peers are late rests between polls
-(DDL_REST) and still reduces right; a small run, or any run with DDL_REST=0, keeps polling. Rank 0 arrives
-late on purpose, so every other rank waits about that long inside the run."""
+(Executor.rest, as DDL_REST sets it where links are slow) and still reduces right; a small run, or any run
+with no rest set, keeps polling. Rank 0 arrives late on purpose, so every other rank waits about that long
+inside the run."""
 import time
 from dataclasses import replace
 
@@ -19,8 +20,9 @@ LATE = 0.3  # seconds rank 0 arrives after the others
 
 def late_allreduce(rest_us: float, nbytes: int) -> int:
     """Rests the executor took during one allreduce of ``nbytes`` (float32) that rank 0 joins LATE seconds after
-    the others; checks the result against the closed form."""
-    comm = Communicator.from_mpi(COMM, replace(parse("", environ={}), rest=rest_us, path="planned", shm="0"))
+    the others, its rests set to at most ``rest_us``; checks the result against the closed form."""
+    comm = Communicator.from_mpi(COMM, replace(parse("", environ={}), path="planned", shm="0"))
+    comm._executor.rest(rest_us * 1e-6, REST_FROM_BYTES)  # (one host's links are fast: the test sets it)
     try:
         n = nbytes // 4
         comm.allreduce(contribution(RANK, n, np.float32, "sum"))  # the plan and the agreement, before counting

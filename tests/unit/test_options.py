@@ -76,3 +76,18 @@ def test_every_option_is_documented_and_names_a_real_setting():
     assert named == set(SAMPLES)
     assert all(o.setting in SETTINGS for o in options.OPTIONS.values() if o.setting)
     assert all(o.meaning or o.setting for o in options.OPTIONS.values())
+
+
+def test_rests_only_where_some_level_is_slow():
+    """DDL_REST applies where a level's links take 400 us or more for the planner's largest network block; over
+    fast links only (one host, a 100 Gbit/s network) large runs keep polling."""
+    from ddl.core.communicator import rest_seconds
+    from ddl.topology import LevelCost
+
+    shm = LevelCost("node", "shm", 3e-6, 4e9, 2.5e-10, "peer")
+    gige = LevelCost("switch", "veth", 62e-6, 1.25e8, 2.5e-10, "uplink")
+    ib = LevelCost("switch", "ib", 2e-6, 12.5e9, 2.5e-10, "uplink")
+    o = parse("", environ={})
+    assert rest_seconds((shm, gige), o) == pytest.approx(100e-6)
+    assert rest_seconds((shm, ib), o) == 0.0 and rest_seconds((shm,), o) == 0.0
+    assert rest_seconds((shm, gige), parse("-rest 0", environ={})) == 0.0
