@@ -111,7 +111,7 @@ def main() -> int:
             fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
 
             def done(f):
-                buckets[name][-1].append((bucket.index(), tensor.numel() * 4, ready,
+                buckets[name][-1].append((bucket.index(), tensor.numel() * tensor.element_size(), ready,
                                           time.perf_counter() - step_start[0]))
                 return f.value()[0]
             return fut.then(done)
