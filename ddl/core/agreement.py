@@ -16,13 +16,14 @@ import numpy as np
 
 from .. import _native
 from ..errors import DDLError, MismatchError
-from ..schedule.algorithms import ALLREDUCE, leader_allreduce, recursive_doubling_allreduce
+from ..schedule.algorithms import ALLREDUCE, leader_allgather, leader_allreduce, recursive_doubling_allreduce
 from ..schedule.compile import CompiledPipeline, compile_blocks
 from .dtypes import raw
 from .plans import PlanCache
 
 CAPACITY = 65536   # bytes of payload every agreement receive accepts, whatever a rank's own call
 REPORT_BYTES = 512  # per rank, when ranks disagree and tell each other what they called
+ROWS = "rows="      # an allgather's report starts with its row count
 _HASH_CACHE = 1024
 
 
@@ -39,6 +40,8 @@ class Agreement:
                  hosts: list[str] | None = None):
         self.rank, self.size, self.settings = rank, size, settings
         self.groups = host_groups(hosts) if hosts else None
+        # the round's order of ranks (hosts, or rank order): an allgather's parts lie in it
+        self.order = [r for g in self.groups for r in g] if self.groups else list(range(size))
         self._plans, self._execute, self._timeout = plans, execute, timeout
         self._hashes: dict[str, int] = {}
         self._options: dict[tuple, "_native.RunOptions"] = {}  # RunOptions are read-only to a run: made once
@@ -73,6 +76,15 @@ class Agreement:
             make, count, max(count, 1), 1, algorithm,
             ((-1, "agreement" if count == 0 else "agreement + data"),)))  # level -1: all ranks
 
+    def gather_plan(self, part: int) -> CompiledPipeline:
+        """The round of an allgather of ``part`` bytes a rank: plan()'s messages, each carrying only the parts
+        its sender holds (ddl.schedule.algorithms.leader_allgather), the parts in ``order``."""
+        hosts = self.groups or [[r] for r in range(self.size)]
+        count = self.size * part
+        return self._plans.get(("agree-gather", part), lambda: compile_blocks(
+            lambda n: leader_allgather(self.rank, hosts, part), count, max(count, 1), 1, "leader allgather",
+            ((-1, "agreement + gathered data"),)))
+
     def options(self, call: str, dtype, op, **extra) -> "_native.RunOptions":
         key = (call, dtype, op, *extra.items())
         made = self._options.get(key)
@@ -84,9 +96,11 @@ class Agreement:
         return made
 
     def agree(self, call: str, problem: str | None, work: np.ndarray | None = None,
-              dtype=_native.DType.uint8, op=_native.ReduceOp.sum, factor: float = 1.0) -> None:
+              dtype=_native.DType.uint8, op=_native.ReduceOp.sum, factor: float = 1.0,
+              rows: int | None = None) -> np.ndarray | None:
         """The round, reducing ``work`` (None: no payload; scaled by ``factor`` once reduced) in it. Raises on
-        every rank if ranks disagree, or if they all agree on the same invalid call."""
+        every rank if ranks disagree, or if they all agree on the same invalid call. An allgather's ``rows``:
+        where its ride hashed the counts on some ranks, every rank's count comes back (report_mismatch)."""
         text = problem or call
         work = np.empty(0, np.uint8) if work is None else work
         if self.host is not None:
@@ -99,19 +113,22 @@ class Agreement:
                 raise
         else:
             agreed = self._execute(self.plan(work.size), raw(work), self.options(text, dtype, op, factor=factor))
-        if not agreed:
-            self.report_mismatch(text)
+        counted = None if agreed else self.report_mismatch(text, rows)
         if problem:
             raise DDLError(f"rank {self.rank}: {problem}")
+        return counted
 
-    def report_mismatch(self, mine: str) -> None:
+    def report_mismatch(self, mine: str, rows: int | None = None) -> np.ndarray:
         """All ranks are here together: exchange what each called and with which settings (fixed-size slots,
-        summed in a plan that no setting can change), then raise the same MismatchError everywhere."""
+        summed in a plan that no setting can change), then raise the same MismatchError everywhere. An
+        allgather's round hashes its row count too (``rows``): where every rank made that allgather and only
+        the counts differ, they are returned (every rank's, in rank order) instead."""
         slots = np.zeros(self.size * REPORT_BYTES, dtype=np.uint8)
         before = self.host.native.history if self.host is not None else ""
         if before:  # the step checked the broadcasts that ran ahead of it too: they may be what differs
             mine = f"{mine} after {before}"
-        text = f"{mine} | {self.settings}".encode()[:REPORT_BYTES]
+        text = ("" if rows is None else f"{ROWS}{rows} ") + f"{mine} | {self.settings}"
+        text = text.encode()[:REPORT_BYTES]
         slots[self.rank * REPORT_BYTES:self.rank * REPORT_BYTES + len(text)] = np.frombuffer(text, np.uint8)
         words = slots.view(np.int64)
         plan = compile_blocks(lambda n: ALLREDUCE["ring"](self.rank, self.size, n), words.size, words.size, 1,
@@ -120,6 +137,10 @@ class Agreement:
                                                       "ddl mismatch report"))
         reports = [slots[r * REPORT_BYTES:(r + 1) * REPORT_BYTES].tobytes().rstrip(b"\0").decode(errors="replace")
                    for r in range(self.size)]
+        counted = [t.partition(" ")[0][len(ROWS):] if t.startswith(ROWS) else None for t in reports]
+        reports = [t.partition(" ")[2] if n is not None else t for t, n in zip(reports, counted)]
+        if None not in counted and len(set(reports)) == 1:
+            return np.array([int(n) for n in counted], np.int64)  # uneven rows: a legal allgather
         calls = [t.split(" | ")[0] for t in reports]
         # Name the calls; only when every rank made the same call did the settings differ.
         keys = reports if len(set(calls)) == 1 else calls

@@ -292,14 +292,15 @@ class Communicator(Planning, Submitting):
             return self._name_absent(e, text)
         return e
 
-    def agree(self, call: str, problem: str | None = None, *payload) -> None:
+    def agree(self, call: str, problem: str | None = None, *payload, rows: int | None = None):
         """An agreement round (``payload``: work, dtype, op as Agreement.agree takes them): raises on every rank
         when ranks called differently, or when ``problem`` (this rank's reason its call is invalid) is set
-        anywhere."""
+        anywhere. ``rows``: an allgather's row count (Agreement.agree)."""
         if self.size > 1:
-            self.agreement.agree(call, problem, *payload)
-        elif problem:
+            return self.agreement.agree(call, problem, *payload, rows=rows)
+        if problem:
             raise DDLError(f"rank {self.rank}: {problem}")
+        return None
 
     @property
     def grid(self):

@@ -7,6 +7,9 @@ C-contiguous numpy arrays fill the Ride's buffer, run the round and copy the ans
 that is about 4 us of Python where the long path took 9-12, and ranks that share cores (8 ranks on 2 in the
 emulated clusters) pay that difference several times over.
 
+An allgather's round sends every rank's part once (ddl.schedule.algorithms.leader_allgather), not the whole
+gathered vector summed through every round.
+
 A Ride's buffer is reused: it is only touched under the communicator's lock, and answers are copied out of it.
 """
 from __future__ import annotations
@@ -28,9 +31,7 @@ class Ride:
     buffer: np.ndarray            # what the round runs on (int64 words summed, or the reduce-scatter's whole as
                                   # the executor takes it)
     mine: np.ndarray | None       # where this rank's input goes in it (None: nowhere, or the executor copies it)
-    answer: np.ndarray            # the answer's view of it
-    rows: np.ndarray | None = None  # allgather: every rank's row count, as the round summed them
-    equal: bytes = b""            # allgather: those counts' bytes where every rank has this rank's rows
+    answer: np.ndarray            # the answer's view of it (allgather: every rank's part, in the round's order)
 
 
 def words(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -47,17 +48,13 @@ def broadcast(text: str, plan, options, shape: tuple, dtype: np.dtype, is_root: 
     return Ride(text, plan, options, buffer, typed if is_root else None, typed)
 
 
-def allgather(text: str, plan, options, shape: tuple, dtype: np.dtype, rank: int, size: int) -> Ride:
-    """Every rank's row count and its bytes in its own slot (zeros elsewhere, summed), sized as if all ranks had
-    this rank's rows: where they do not, the counts say so and the planned allgather follows."""
+def allgather(text: str, plan, options, shape: tuple, dtype: np.dtype, position: int, size: int) -> Ride:
+    """Every rank's part at its ``position`` in the round's order of ranks (agreement.order); the round hashes
+    this rank's row count with the call, so when it agrees every rank has this rank's rows."""
     nbytes = math.prod(shape) * dtype.itemsize
-    counted = 8 * size
-    buffer, payload = words(counted + size * nbytes)
-    rows = payload[:counted].view(np.int64)
-    slots = payload[counted:]
-    return Ride(text, plan, options, buffer, slots[rank * nbytes:(rank + 1) * nbytes].view(dtype).reshape(shape),
-                slots.view(dtype).reshape((shape[0] * size,) + shape[1:]), rows,
-                np.full(size, shape[0], np.int64).tobytes())
+    buffer = np.empty(size * nbytes, np.uint8)
+    parts = buffer.view(dtype).reshape((size,) + shape)
+    return Ride(text, plan, options, buffer, parts[position], parts)
 
 
 def reduce_scatter(text: str, plan, options, shape: tuple, dtype: np.dtype, start: int, stop: int) -> Ride:

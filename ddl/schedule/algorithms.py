@@ -109,6 +109,66 @@ def leader_allreduce(rank: int, hosts: list[list[int]], count: int, keep_empty: 
     return _program(rank, down + (1 if up else 0), steps, keep_empty)
 
 
+def leader_allgather(rank: int, hosts: list[list[int]], part: int) -> Program:
+    """leader_allreduce's messages (the same peers, rounds and tags, none left out), each carrying the parts
+    its sender holds instead of the whole vector: the agreement round of an allgather, where every rank's part
+    crosses each link once. Parts lie in host order (``hosts`` flattened: rank r's part is at r's index there,
+    ``part`` elements each), so every message moves one contiguous range: a binomial subtree of a host's ranks,
+    a recursive-doubling block of hosts, or the whole."""
+    starts = [0]
+    for h in hosts:
+        starts.append(starts[-1] + len(h) * part)
+    k = next(j for j, h in enumerate(hosts) if rank in h)
+    mine, base = hosts[k], starts[k]
+    i = mine.index(rank)
+    up = (max(len(h) for h in hosts) - 1).bit_length()
+
+    def ranks(lo: int, hi: int) -> tuple[int, int]:  # this host's ranks [lo, hi) as a range of the buffer
+        hi = min(hi, len(mine))
+        return base + lo * part, (hi - lo) * part
+
+    steps = []
+    for j in range(up):
+        mask = 1 << j
+        if i % (2 * mask) == mask:
+            steps.append(Step(j, Op.SEND, mine[i - mask], *ranks(i, i + mask)))
+        elif i % (2 * mask) == 0 and i + mask < len(mine):
+            steps.append(Step(j, Op.RECV_COPY, mine[i + mask], *ranks(i + mask, i + 2 * mask)))
+    leaders = [h[0] for h in hosts]
+    pof2, rem, _ = _fold(0, len(hosts))
+    shift = 1 if rem else 0
+    levels = pof2.bit_length() - 1
+    across = levels + 2 * shift
+    whole = (0, starts[-1])
+    if i == 0:
+        def hosts_of(a: int, b: int) -> tuple[int, int]:  # the hosts of active leaders [a, b), as a range
+            lo = 2 * a if a < rem else a + rem
+            hi = 2 * b if b <= rem else b + rem
+            return starts[lo], starts[hi] - starts[lo]
+        li = k
+        _, _, new = _fold(li, len(hosts))
+        if li < 2 * rem:  # the fold: an even leader hands its host's parts up and gets the whole back
+            if li % 2 == 0:
+                steps += [Step(up, Op.SEND, leaders[li + 1], base, starts[li + 1] - base),
+                          Step(up + across - 1, Op.RECV_COPY, leaders[li + 1], *whole)]
+            else:
+                steps += [Step(up, Op.RECV_COPY, leaders[li - 1], starts[li - 1], base - starts[li - 1]),
+                          Step(up + across - 1, Op.SEND, leaders[li - 1], *whole)]
+        if new >= 0:
+            for b in range(levels):
+                size, peer = 1 << b, new ^ (1 << b)
+                ours, theirs = new & ~(size - 1), peer & ~(size - 1)
+                real = _real_rank(peer, rem)
+                steps += [Step(up + shift + b, Op.SEND, leaders[real], *hosts_of(ours, ours + size)),
+                          Step(up + shift + b, Op.RECV_COPY, leaders[real], *hosts_of(theirs, theirs + size))]
+    down = up + across
+    if i == 0:
+        steps += [Step(down, Op.SEND, r, *whole) for r in mine[1:]]
+    else:
+        steps.append(Step(down, Op.RECV_COPY, mine[0], *whole))
+    return _program(rank, down + (1 if up else 0), steps, keep_empty=True)
+
+
 def rabenseifner_allreduce(rank: int, p: int, count: int) -> Program:
     """Recursive halving reduce-scatter, then recursive doubling allgather (Rabenseifner): 2*log2(pof2) rounds
     moving 2(pof2-1)/pof2 of the vector per active rank; the fold adds two rounds moving the whole vector."""

@@ -33,6 +33,10 @@ def main() -> int:
         if not np.array_equal(y, np.full(3, p * (p + 1) // 2)):
             wrong.append("allreduce")
         c.barrier()
+        # uneven rows: the ride's round hashes each rank's count, so the ranks find out together and gather them
+        uneven = c.allgather(np.full((1 + rank % 2, 2), rank, np.int16))
+        if not np.array_equal(uneven, np.concatenate([np.full((1 + r % 2, 2), r, np.int16) for r in range(p)])):
+            wrong.append("uneven allgather")
     raised = None
     try:  # rank 1 calls a broadcast where the others call the known allgather
         if rank == 1:
@@ -44,6 +48,7 @@ def main() -> int:
     c.barrier()  # the communicator still works afterwards
     with open(f"{sys.argv[1]}.{rank}", "w") as f:
         json.dump({"host": MPI.Get_processor_name(), "agreement": c.agreement.plan(0).algorithm,
+                   "gathered": c.agreement.gather_plan(24).algorithm,
                    "wrong": wrong, "raised": raised}, f)
     return 0
 

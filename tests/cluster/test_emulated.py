@@ -145,8 +145,8 @@ def test_uneven_nodes_carry_the_closed_form(tmp_path):
 @pytest.mark.parametrize("shape", ["2x2", "3,2,1"])
 def test_small_calls_cross_hosts_through_their_first_ranks_and_mismatches_raise_everywhere(shape, tmp_path):
     """The agreement round, which small collectives ride in, goes up to each host's first rank and across hosts
-    between those only (ddl.schedule.algorithms.leader_allreduce); known calls give numpy's answers on their
-    short path, and a rank that calls differently makes every rank raise MismatchError naming both calls."""
+    between those only (ddl.schedule.algorithms.leader_allreduce; an allgather's parts each once in its messages);
+    known calls give numpy's answers on their short path, uneven rows included, and a rank that calls differently makes every rank raise MismatchError naming both calls."""
     with cluster.Cluster(shape) as c:
         done = c.mpirun([sys.executable, str(Path(JOB).with_name("small_calls_job.py")), str(tmp_path / "r")],
                         timeout=240, quiet=True, capture=True)
@@ -154,7 +154,7 @@ def test_small_calls_cross_hosts_through_their_first_ranks_and_mismatches_raise_
         reports = [json.loads((tmp_path / f"r.{r}").read_text()) for r in range(c.nranks)]
     assert len({r["host"] for r in reports}) == len(c.hosts)
     for r in reports:
-        assert r["agreement"] == "leader" and r["wrong"] == []
+        assert r["agreement"] == "leader" and r["gathered"] == "leader allgather" and r["wrong"] == []
         assert "broadcast(shape=(3,)" in r["raised"] and "allgather(shape=(*, 3)" in r["raised"], r["raised"]
 
 

@@ -9,7 +9,7 @@ from ddl import MismatchError, _native
 from ddl.core.agreement import host_groups
 from ddl.core.communicator import Communicator
 from ddl.schedule import Collective, Schedule
-from ddl.schedule.algorithms import leader_allreduce
+from ddl.schedule.algorithms import leader_allgather, leader_allreduce
 from ddl.schedule.check import ScheduleError, check
 from ddl.schedule.ir import Op
 from test_loopback import BASE, spawn_on
@@ -41,6 +41,32 @@ def test_the_leader_agreement_is_an_allreduce_that_crosses_hosts_once_per_host(h
     assert len({prog.rounds for prog in programs}) == 1
 
 
+def messages(program) -> list[tuple]:
+    return sorted((s.round, s.peer, s.op is Op.SEND, s.tag) for s in program.steps)
+
+
+@pytest.mark.parametrize("hosts", HOSTS + [[[r] for r in range(7)], [[1, 0], [3, 2, 5], [4]]], ids=str)
+@pytest.mark.parametrize("part", [0, 1, 3])
+def test_an_allgathers_round_sends_each_part_once_in_the_agreement_rounds_messages(hosts, part):
+    """Every rank ends with every part, in host order; the messages are the agreement round's, peer for peer
+    and tag for tag (a rank that made another call still pairs with it), and no part crosses between hosts
+    twice into one host."""
+    p = sum(map(len, hosts))
+    order = [r for h in hosts for r in h]
+    programs = tuple(leader_allgather(r, hosts, part) for r in range(p))
+    if part:
+        layout = tuple((order.index(r) * part, part) for r in range(p))
+        check(Schedule(Collective.ALLGATHER, "leader", p, p * part, programs, 0, layout))
+    host_of = {r: k for k, h in enumerate(hosts) for r in h}
+    for r, prog in enumerate(programs):
+        same = leader_allreduce(r, hosts, 5, keep_empty=True)
+        assert messages(prog) == messages(same) and prog.rounds == same.rounds
+        received = [s for s in prog.steps if s.op is Op.RECV_COPY and host_of[s.peer] != host_of[r]]
+        # a power of two of hosts: what crosses into a host is the other hosts' parts, once each
+        if part and len(hosts) & (len(hosts) - 1) == 0:
+            assert sum(s.count for s in received) == (p - len(hosts[host_of[r]])) * part * (r == hosts[host_of[r]][0])
+
+
 def test_the_checker_refuses_a_leader_agreement_that_skips_a_rank():
     hosts = [[0, 1], [2, 3]]
     programs = [leader_allreduce(r, hosts, 4) for r in range(4)]
@@ -67,14 +93,16 @@ def on_hosts(hosts: list[str], options=BASE) -> list[Communicator]:
 
 
 HOSTS_OF_SIX = ["a", "a", "a", "b", "b", "c"]
+INTERLEAVED = ["a", "b", "a", "b", "c", "a"]  # the round's order of ranks is not rank order
 
 
 def values(rank: int, shape, dtype) -> np.ndarray:
     return ((np.arange(int(np.prod(shape))) * 7 + rank * 3) % 11 - 5).astype(dtype).reshape(shape)
 
 
-def test_known_small_calls_give_numpys_answers_on_their_short_path():
-    comms = on_hosts(HOSTS_OF_SIX)
+@pytest.mark.parametrize("hosts", [HOSTS_OF_SIX, INTERLEAVED], ids=["packed", "interleaved"])
+def test_known_small_calls_give_numpys_answers_on_their_short_path(hosts):
+    comms = on_hosts(hosts)
     p = len(comms)
     assert comms[0].agreement.plan(0).algorithm == "leader"
 
@@ -93,14 +121,16 @@ def test_known_small_calls_give_numpys_answers_on_their_short_path():
             part = np.full((1, 2), -1, np.int64)
             got.append(("reduce_scatter out", k, c.reduce_scatter(values(c.rank, (6, 2), np.int64), "max",
                                                                   out=part) is part, part))
-        return got, sum(path.name == "riding" for path, _ in c.road.quick.values())
+        gathers = {k.kept["ride"].plan.algorithm for path, k in c.road.quick.values() if k.collective == "allgather"}
+        return got, sum(path.name == "riding" for path, _ in c.road.quick.values()), gathers
 
     results, errors = spawn_on(comms, body)
     assert errors == [None] * p, errors
     gathered = np.concatenate([values(r, (2, 3), np.int32) for r in range(p)])
     whole = np.stack([values(r, (13,), np.float64) for r in range(p)]).mean(0)
     biggest = np.stack([values(r, (6, 2), np.int64) for r in range(p)]).max(0)
-    for r, (got, known) in enumerate(results):
+    for r, (got, known, gathers) in enumerate(results):
+        assert gathers == {"leader allgather"}  # each part sent once, not summed through every round
         assert known == 5  # one Ride per signature: two broadcast roots, one allgather, two reduce_scatters
         for name, k, *rest in got:
             if name == "bcast":
@@ -117,22 +147,25 @@ def test_known_small_calls_give_numpys_answers_on_their_short_path():
                 np.testing.assert_array_equal(rest[1], biggest[r:r + 1])
 
 
-def test_a_known_allgather_whose_rows_turn_uneven_gathers_them():
-    comms = on_hosts(HOSTS_OF_SIX)
+@pytest.mark.parametrize("hosts", [HOSTS_OF_SIX, INTERLEAVED], ids=["packed", "interleaved"])
+def test_a_known_allgather_whose_rows_turn_uneven_gathers_them(hosts):
+    comms = on_hosts(hosts)
 
     def body(c):
         first = c.allgather(np.full((2, 1), c.rank, np.int16))  # even: the Ride is made
         rows = 2 if c.rank != 3 else 4  # rank 3 calls another shape: ranks with 2 rows find theirs uneven
         second = c.allgather(np.full((rows, 1), c.rank, np.int16))
-        return first, second
+        third = c.allgather(np.full((2, 1), c.rank, np.int16))  # even again, on the same Ride
+        return first, second, third
 
     results, errors = spawn_on(comms, body)
     assert errors == [None] * 6, errors
     even = np.concatenate([np.full((2, 1), r, np.int16) for r in range(6)])
     uneven = np.concatenate([np.full((4 if r == 3 else 2, 1), r, np.int16) for r in range(6)])
-    for first, second in results:
+    for first, second, third in results:
         np.testing.assert_array_equal(first, even)
         np.testing.assert_array_equal(second, uneven)
+        np.testing.assert_array_equal(third, even)
 
 
 @pytest.mark.parametrize("odd", ["broadcast", "allgather", "barrier", "reduce_scatter"])

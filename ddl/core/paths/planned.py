@@ -102,11 +102,16 @@ class Planned:
         comm, a = self.comm, call.array
         rows, mine = gather_counts(call, comm.size, comm.rank)
         with comm.lock:
+            # (where other ranks' rows made theirs a ride, whose round hashes the counts, the mismatch report
+            # brings every rank's count, to all alike)
             if rows.nbytes <= comm.small_bytes:
-                comm.agree(call.text, call.problem, rows, _native.DType.int64, _SUM)
+                counted = comm.agree(call.text, call.problem, rows, _native.DType.int64, _SUM,
+                                     rows=int(rows[comm.rank]))
             else:
-                comm.agree(call.text, call.problem)
-                self.allreduce(rows, _native.DType.int64, _SUM, call.text)
+                counted = comm.agree(call.text, call.problem, rows=int(rows[comm.rank]))
+                if counted is None:
+                    self.allreduce(rows, _native.DType.int64, _SUM, call.text)
+            rows = rows if counted is None else counted
             row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
             result = self.gather_rows(a, mine, rows, row_bytes, call.text, call.out)
         return gathered_into(result, call.out, comm.rank)

@@ -4,11 +4,11 @@ exchange for the whole collective.
 Serves, off the host memory level, allreduces whose payload fits the round where recursive doubling is what
 the plan would do anyway (on a slow uplink a 64 KiB payload is better scattered through the hierarchy: the cost
 model decides, once per size), broadcasts, allgathers and reduce-scatters whose round carries as few bytes (a
-broadcast: root's bytes, zeros elsewhere, summed; an allgather: every rank's row count and its bytes in its own
-slot; a reduce-scatter: the whole, reduced), and barriers (a round with no payload). Chosen after the host
-memory level (where rides would cost a message) and before the planned executor (which pays an agreement round
-of its own before its plan). A refused broadcast or allgather of a size that rides runs the same round with
-its problem, so every rank raises there. Known calls repeat through their Ride (ddl.core.rides).
+broadcast: root's bytes, zeros elsewhere, summed; an allgather: every rank's part, each sent once; a
+reduce-scatter: the whole, reduced), and barriers (a round with no payload). Chosen after the host memory level
+(where rides would cost a message) and before the planned executor (which pays an agreement round of its own
+before its plan). A refused broadcast or allgather of a size that rides runs the same round with its problem,
+so every rank raises there. Known calls repeat through their Ride (ddl.core.rides).
 """
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ import numpy as np
 from ... import _native
 from ...planner import Shape, agreement_phases, pipelined, predict
 from .. import rides
+from ..agreement import ROWS
 from ..calls import answer_into, broadcast_buffer, deliver, gather_counts, gathered_into, into
 from ..dtypes import raw
 
 _WORDS = _native.DType.int64
+_BYTES = _native.DType.uint8
 _SUM = _native.ReduceOp.sum
 _KEPT = 1024
 
@@ -37,6 +39,7 @@ class Riding:
         self.agreement = comm.agreement
         self._small = comm.small_bytes
         self._riding: dict[int, bool] = {}  # payload bytes -> whether they ride
+        self._ranks: np.ndarray | None | bool = False  # where each rank's part lies in a round (False: not yet known)
 
     def takes(self, call) -> str | None:
         comm, collective = self.comm, call.collective
@@ -59,6 +62,9 @@ class Riding:
         a = call.array
         if call.collective == "broadcast":
             return 0 if a.dtype.hasobject else a.nbytes
+        # (as the round of a call that is not known sums them: the counts and every part; a known call's round
+        # gathers the parts alone, but 64 KiB gathered through each host's first rank ran slower on T1 than the
+        # planned allgather, 840 us against 670)
         return 8 * self.comm.size + self.comm.size * (a.nbytes if call.problem is None else 0)
 
     def rides(self, nbytes: int) -> bool:
@@ -147,12 +153,12 @@ class Riding:
     def _allgather(self, call) -> np.ndarray:
         comm, k, a, out = self.comm, call.known, call.array, call.out
         if call.problem is None and k.short:
+            agreement = self.agreement
             ride = self._ride(k, lambda: rides.allgather(
-                k.text, self.agreement.plan(-(-self.payload(call) // 8)), self.agreement.options(k.text, _WORDS, _SUM),
-                a.shape, a.dtype, comm.rank, comm.size))
-            fits = out is not None and out.shape == ride.answer.shape
-            return gathered_into(self._allgather_ride(ride, np.ascontiguousarray(a), out if fits else None), out,
-                                 comm.rank)
+                k.text, agreement.gather_plan(a.nbytes), agreement.options(f"{k.text} {ROWS}{a.shape[0]}", _BYTES,
+                                                                           _SUM),
+                a.shape, a.dtype, agreement.order.index(comm.rank), comm.size))
+            return gathered_into(self._allgather_ride(ride, np.ascontiguousarray(a), out), out, comm.rank)
         # One round: the row counts and every rank's bytes in its slot (zeros elsewhere, summed as bytes), sized as
         # if all ranks had this rank's rows; uneven rows then take their planned allgather.
         rows, mine = gather_counts(call, comm.size, comm.rank)
@@ -161,9 +167,9 @@ class Riding:
         at = rows.nbytes + comm.rank * mine.size
         work[at:at + mine.size] = mine
         with comm.lock:
-            self.agreement.agree(k.text, call.problem, words, _WORDS, _SUM)
-            rows = work[:rows.nbytes].view(np.int64)
-            if (rows == rows[comm.rank]).all():
+            counted = self.agreement.agree(k.text, call.problem, words, _WORDS, _SUM, rows=int(rows[comm.rank]))
+            rows = work[:rows.nbytes].view(np.int64) if counted is None else counted
+            if counted is None and (rows == rows[comm.rank]).all():
                 return gathered_into(work[rows.nbytes:].view(a.dtype).reshape(k.shape), out, comm.rank)
             row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
             return gathered_into(self.planned.gather_rows(a, mine, rows, row_bytes, k.text), out, comm.rank)
@@ -208,17 +214,34 @@ class Riding:
         return result
 
     def _allgather_ride(self, ride: rides.Ride, a: np.ndarray, out) -> np.ndarray:
-        comm = self.comm
+        """The parts gathered in the round, into ``out`` where it is C-contiguous and of the gathered shape."""
+        comm, answer = self.comm, ride.answer
+        gathered = (answer.shape[0] * answer.shape[1],) + answer.shape[2:]
+        result = out if out is not None and out.flags.c_contiguous and out.shape == gathered else \
+            np.empty(gathered, a.dtype)
         with comm.lock:
-            ride.buffer.fill(0)
-            ride.rows[comm.rank] = a.shape[0]
             np.copyto(ride.mine, a)
-            self._run_ride(ride)
-            if ride.rows.tobytes() == ride.equal:
-                return answer_into(ride.answer, out)
-            rows = ride.rows.copy()  # uneven: their planned allgather, now that every rank's count is known
+            order = self._rank_order()
+            if order is None:  # the round's order is rank order: the executor writes the answer, if agreed
+                agreed = comm.execute(ride.plan, ride.buffer, ride.options, raw(result))
+            else:
+                agreed = comm.execute(ride.plan, ride.buffer, ride.options)
+                if agreed:
+                    np.copyto(result.reshape(answer.shape), answer[order])
+            if agreed:
+                return result
+            # Not agreed: ranks called differently (raised here), or this allgather with uneven rows, whose
+            # planned allgather follows now that every rank's count is known.
+            rows = self.agreement.report_mismatch(ride.text, a.shape[0])
             mine = a.reshape(-1).view(np.uint8)
             return self.planned.gather_rows(a, mine, rows, a.dtype.itemsize * math.prod(a.shape[1:]), ride.text, out)
+
+    def _rank_order(self) -> np.ndarray | None:
+        """Where each rank's part lies in the round's order of ranks (None: in rank order)."""
+        if self._ranks is False:
+            order = self.agreement.order
+            self._ranks = None if order == sorted(order) else np.argsort(order)
+        return self._ranks
 
     def _reduce_scatter_ride(self, ride: rides.Ride, a: np.ndarray, out) -> np.ndarray:
         with self.comm.lock:
