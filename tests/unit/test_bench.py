@@ -1,5 +1,7 @@
 """ddl-bench's helpers: sizes, exact inputs, the nccl-tests formulas, the side-by-side table and JSON layout."""
 import argparse
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,3 +125,26 @@ def test_a_round_where_every_library_ran_slow_is_named_and_left_out():
     assert disturbed_rounds(slow[:2]) == {}  # two rounds: which one is usual cannot be told
     assert len(disturbed_rounds([rnd(1.0, 1.0), rnd(3.0, 3.0), rnd(3.0, 3.0)])) <= 1  # never the majority
     assert spread([1.0, 1.2, 0.8]) == pytest.approx(0.4)
+
+
+def test_a_target_the_rounds_disagree_on_is_undecided_not_met_or_missed():
+    """make bench's verdicts: a target keeps the pooled verdict only where every kept round gives the same one;
+    a figure at its threshold (met in some rounds, missed in others) is undecided, with the count said."""
+    where = Path(__file__).resolve().parents[2] / "benchmarks" / "topologies.py"
+    spec = importlib.util.spec_from_file_location("topologies", where)
+    topologies = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(topologies)
+
+    def times(ddl_small, peer_small):  # 1 KiB: ddl's time against one peer's (target: within 1.2x)
+        return {"ddl": {1024: ddl_small}, "ompi-tuned": {1024: peer_small}}
+
+    bound = {1024: (1e-6, "")}
+    steady = {"times": times(110, 100), "round_times": [times(108, 100), times(112, 100), times(110, 100)]}
+    assert [ok for _, ok, _ in topologies.decided("T1", steady, bound)] == [True]
+    missed = {"times": times(140, 100), "round_times": [times(135, 100), times(150, 100), times(140, 100)]}
+    assert [ok for _, ok, _ in topologies.decided("T1", missed, bound)] == [False]
+    torn = {"times": times(118, 100), "round_times": [times(114, 100), times(125, 100), times(118, 100)]}
+    (target, ok, measured), = topologies.decided("T1", torn, bound)
+    assert ok is None and "met in 2 of 3 rounds" in measured and "1.18x" in measured
+    alone = {"times": times(118, 100)}  # one round: its verdict
+    assert [ok for _, ok, _ in topologies.decided("T1", alone, bound)] == [True]
