@@ -16,7 +16,8 @@ import numpy as np
 
 from .. import _native
 from ..errors import DDLError, MismatchError
-from ..schedule.algorithms import ALLREDUCE, leader_allgather, leader_allreduce, recursive_doubling_allreduce
+from ..schedule.algorithms import (ALLREDUCE, leader_allgather, leader_allreduce, leader_reduce_scatter,
+                                   recursive_doubling_allreduce, scatter_layout)
 from ..schedule.compile import CompiledPipeline, compile_blocks
 from .dtypes import raw
 from .plans import PlanCache
@@ -84,6 +85,17 @@ class Agreement:
         return self._plans.get(("agree-gather", part), lambda: compile_blocks(
             lambda n: leader_allgather(self.rank, hosts, part), count, max(count, 1), 1, "leader allgather",
             ((-1, "agreement + gathered data"),)))
+
+    def scatter_plan(self, counts: tuple[int, ...]) -> tuple[CompiledPipeline, list[tuple[int, int]]]:
+        """The round of a reduce-scatter of parts ``counts`` (elements, in rank order): plan()'s messages, the
+        whole reduced to each host's first rank and halved between them (ddl.schedule.algorithms.
+        leader_reduce_scatter); and where each rank's part lies in its buffer."""
+        hosts = self.groups or [[r] for r in range(self.size)]
+        layout = scatter_layout(hosts, list(counts))
+        plan = self._plans.get(("agree-scatter", counts), lambda: compile_blocks(
+            lambda n: leader_reduce_scatter(self.rank, hosts, list(counts)), sum(counts), max(sum(counts), 1), 1,
+            "leader reduce-scatter", ((-1, "agreement + data, halved"),)))
+        return plan, layout
 
     def options(self, call: str, dtype, op, **extra) -> "_native.RunOptions":
         key = (call, dtype, op, *extra.items())

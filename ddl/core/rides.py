@@ -8,7 +8,8 @@ that is about 4 us of Python where the long path took 9-12, and ranks that share
 emulated clusters) pay that difference several times over.
 
 An allgather's round sends every rank's part once (ddl.schedule.algorithms.leader_allgather), not the whole
-gathered vector summed through every round.
+gathered vector summed through every round; a reduce-scatter's halves the vector between hosts
+(leader_reduce_scatter), in a layout of its own.
 
 A Ride's buffer is reused: it is only touched under the communicator's lock, and answers are copied out of it.
 """
@@ -32,6 +33,8 @@ class Ride:
                                   # the executor takes it)
     mine: np.ndarray | None       # where this rank's input goes in it (None: nowhere, or the executor copies it)
     answer: np.ndarray            # the answer's view of it (allgather: every rank's part, in the round's order)
+    runs: tuple = ()              # a reduce-scatter's input pieces where the round lays parts out otherwise:
+                                  # (buffer offset, input offset, elements)
 
 
 def words(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -57,7 +60,21 @@ def allgather(text: str, plan, options, shape: tuple, dtype: np.dtype, position:
     return Ride(text, plan, options, buffer, parts[position], parts)
 
 
-def reduce_scatter(text: str, plan, options, shape: tuple, dtype: np.dtype, start: int, stop: int) -> Ride:
-    """The whole reduced in the round (the executor copies the input in), then this rank's rows."""
-    whole = np.empty(shape, dtype)
-    return Ride(text, plan, options, raw(whole), None, whole[start:stop])
+def reduce_scatter(text: str, plan, options, shape: tuple, dtype: np.dtype, layout: list[tuple[int, int]],
+                   rows: int, rank: int) -> Ride:
+    """The whole reduced and halved in the round, every rank's part (``layout``: elements, per rank) where the
+    round leaves it; this rank's ``rows`` are the answer. Where the layout is not rank order, the input goes in
+    as pieces (``runs``); otherwise the executor copies it in whole."""
+    whole = np.empty(sum(n for _, n in layout), dtype)
+    at, n = layout[rank]
+    runs, start = [], 0
+    for r in range(len(layout)):  # (buffer offset, input offset, elements), contiguous pieces merged
+        offset, count = layout[r]
+        if runs and runs[-1][0] + runs[-1][2] == offset and runs[-1][1] + runs[-1][2] == start:
+            runs[-1][2] += count
+        elif count:
+            runs.append([offset, start, count])
+        start += count
+    runs = [] if len(runs) <= 1 and (not runs or runs[0][0] == 0) else [tuple(r) for r in runs]
+    return Ride(text, plan, options, raw(whole), None, whole[at:at + n].reshape((rows,) + tuple(shape[1:])),
+                tuple(runs))

@@ -82,6 +82,19 @@ def recursive_doubling_allreduce(rank: int, p: int, count: int, keep_empty: bool
     return _program(rank, rounds, steps, keep_empty)
 
 
+def _reduce_to_first(mine: list[int], i: int, up: int, count: int) -> list[Step]:
+    """Rounds 0..up-1: a binomial tree reduces the whole vector of a host's ranks (``mine``; this rank is
+    mine[i]) to its first rank."""
+    steps = []
+    for k in range(up):
+        mask = 1 << k
+        if i % (2 * mask) == mask:
+            steps.append(Step(k, Op.SEND, mine[i - mask], 0, count))
+        elif i % (2 * mask) == 0 and i + mask < len(mine):
+            steps.append(Step(k, Op.RECV_REDUCE, mine[i + mask], 0, count))
+    return steps
+
+
 def leader_allreduce(rank: int, hosts: list[list[int]], count: int, keep_empty: bool = False) -> Program:
     """Latency-optimal across hosts with one message per host and round on the links between them: each host's
     ranks (``hosts``: the ranks of each host) reduce to its first rank along a binomial tree, the first ranks run
@@ -90,13 +103,7 @@ def leader_allreduce(rank: int, hosts: list[list[int]], count: int, keep_empty: 
     mine = next(h for h in hosts if rank in h)
     i = mine.index(rank)
     up = (max(len(h) for h in hosts) - 1).bit_length()
-    steps = []
-    for k in range(up):
-        mask = 1 << k
-        if i % (2 * mask) == mask:
-            steps.append(Step(k, Op.SEND, mine[i - mask], 0, count))
-        elif i % (2 * mask) == 0 and i + mask < len(mine):
-            steps.append(Step(k, Op.RECV_REDUCE, mine[i + mask], 0, count))
+    steps = _reduce_to_first(mine, i, up, count)
     leaders = [h[0] for h in hosts]
     across = recursive_doubling_allreduce(leaders.index(rank) if i == 0 else 0, len(hosts), count, keep_empty)
     if i == 0:
@@ -167,6 +174,96 @@ def leader_allgather(rank: int, hosts: list[list[int]], part: int) -> Program:
     else:
         steps.append(Step(down, Op.RECV_COPY, mine[0], *whole))
     return _program(rank, down + (1 if up else 0), steps, keep_empty=True)
+
+
+def scatter_order(hosts: list[list[int]]) -> list[int]:
+    """The hosts in the order a reduce-scatter's round lays out their parts (leader_reduce_scatter). Its halving
+    among the leaders pairs them as the agreement round does, lowest bit first, so the active leader numbered v
+    keeps, round after round, the parts at position bit-reversed(v): every half it keeps is then one contiguous
+    range. A folded pair of hosts (2j, 2j + 1) is the active leader j, the even host's parts first."""
+    pof2, rem, _ = _fold(0, len(hosts))
+    levels = pof2.bit_length() - 1
+    members = [[2 * v, 2 * v + 1] if v < rem else [v + rem] for v in range(pof2)]
+    positions = sorted(range(pof2), key=lambda v: int(f"{v:0{levels}b}"[::-1] or "0", 2))
+    return [k for v in positions for k in members[v]]
+
+
+def scatter_layout(hosts: list[list[int]], counts: list[int]) -> list[tuple[int, int]]:
+    """(offset, count) of each rank's part (``counts``: elements, in rank order) in a reduce-scatter's round:
+    hosts in scatter_order, each host's ranks in its order."""
+    layout: list[tuple[int, int]] = [(0, 0)] * len(counts)
+    at = 0
+    for k in scatter_order(hosts):
+        for r in hosts[k]:
+            layout[r] = (at, counts[r])
+            at += counts[r]
+    return layout
+
+
+def leader_reduce_scatter(rank: int, hosts: list[list[int]], counts: list[int]) -> Program:
+    """leader_allreduce's messages (the same peers, rounds and tags, none left out) shaped as a reduce-scatter:
+    each host's ranks reduce the whole to its first rank, the first ranks halve it between them (each round
+    sends the half its partner keeps and reduces the half it keeps), and each hands the others of its host
+    their own parts. Slow links carry half, a quarter, ... of the vector instead of all of it every round.
+    Parts lie as scatter_layout says (``counts``: every rank's elements, in rank order)."""
+    layout = scatter_layout(hosts, counts)
+    total = sum(counts)
+    whole = (0, total)
+
+    def span(ranks: list[int]) -> tuple[int, int]:  # the parts of these ranks (one host's: contiguous)
+        lo = min(layout[r][0] for r in ranks)
+        return lo, sum(layout[r][1] for r in ranks)
+
+    k = next(j for j, h in enumerate(hosts) if rank in h)
+    mine = hosts[k]
+    i = mine.index(rank)
+    up = (max(len(h) for h in hosts) - 1).bit_length()
+    steps = _reduce_to_first(mine, i, up, total)
+    leaders = [h[0] for h in hosts]
+    pof2, rem, new = _fold(k, len(hosts))
+    shift = 1 if rem else 0
+    levels = pof2.bit_length() - 1
+    across = levels + 2 * shift
+    if i == 0:
+        if k < 2 * rem:  # the fold: an even leader hands the whole up and gets its host's parts back
+            if k % 2 == 0:
+                steps += [Step(up, Op.SEND, leaders[k + 1], *whole),
+                          Step(up + across - 1, Op.RECV_COPY, leaders[k + 1], *span(mine))]
+            else:
+                steps += [Step(up, Op.RECV_REDUCE, leaders[k - 1], *whole),
+                          Step(up + across - 1, Op.SEND, leaders[k - 1], *span(hosts[k - 1]))]
+        if new >= 0:
+            groups = _active_groups(scatter_order(hosts), rem)  # the hosts at each position, in order
+            starts = [0]
+            for g in groups:
+                starts.append(starts[-1] + sum(span(hosts[h])[1] for h in g))
+            position = next(q for q, g in enumerate(groups) if k in g)
+            a, b = 0, pof2
+            for bit in range(levels):
+                mid = (a + b) // 2
+                keep, give = ((a, mid), (mid, b)) if position < mid else ((mid, b), (a, mid))
+                peer = leaders[_real_rank(new ^ (1 << bit), rem)]
+                rnd = up + shift + bit
+                steps += [Step(rnd, Op.SEND, peer, starts[give[0]], starts[give[1]] - starts[give[0]]),
+                          Step(rnd, Op.RECV_REDUCE, peer, starts[keep[0]], starts[keep[1]] - starts[keep[0]])]
+                a, b = keep
+    down = up + across
+    if i == 0:
+        steps += [Step(down, Op.SEND, r, *layout[r]) for r in mine[1:]]
+    else:
+        steps.append(Step(down, Op.RECV_COPY, mine[0], *layout[rank]))
+    return _program(rank, down + (1 if up else 0), steps, keep_empty=True)
+
+
+def _active_groups(order: list[int], rem: int) -> list[list[int]]:
+    """scatter_order's hosts grouped by active leader (a folded pair together)."""
+    groups: list[list[int]] = []
+    for h in order:
+        if h < 2 * rem and h % 2 == 1:
+            groups[-1].append(h)
+        else:
+            groups.append([h])
+    return groups
 
 
 def rabenseifner_allreduce(rank: int, p: int, count: int) -> Program:

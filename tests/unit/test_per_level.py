@@ -257,7 +257,8 @@ def test_small_collectives_ride_in_the_agreement_round(tree):
         np.testing.assert_array_equal(results[r][2], np.concatenate([values(q, (3, 2), np.int16) for q in range(6)]))
         np.testing.assert_allclose(results[r][3], np.array_split(whole, 6)[r].astype(np.float32), rtol=1e-6)
         planned = {key[0] for key in comms[r].plans._plans}  # what ran besides agreement rounds
-        assert planned == {"agree", "agree-gather", "allgather"}, planned  # (the uneven rows' allgather only)
+        # (the rounds, the reduce-scatter's halving the vector, and the uneven rows' allgather only)
+        assert planned == {"agree", "agree-gather", "agree-scatter", "allgather"}, planned
 
 
 def test_small_calls_that_differ_raise_a_mismatch_on_every_rank():

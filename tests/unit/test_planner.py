@@ -206,6 +206,23 @@ def test_the_agreement_round_by_host_sends_one_payload_per_host_and_round():
     assert planner.pipelined(every_rank, 1) > planner.pipelined(ph, 1)  # two ranks' payloads through one NIC
 
 
+def test_a_reduce_scatters_round_is_priced_halving_the_vector_between_hosts():
+    """leader_reduce_scatter on 4 hosts x 2 ranks: the whole to each first rank, half then a quarter of it
+    between hosts (3/4 of the vector out of each host, not twice all of it), each rank's eighth back; in closed
+    form. Across ranks in rank order (no host groups) the rounds halve alike."""
+    tree = normalize([[0, 1], [2, 3], [4, 5], [6, 7]])
+    shm = LevelCost("node", "shm", 3e-6, 4e9, 2.5e-10, "peer")
+    net = LevelCost("switch", "veth", 62e-6, 1.25e8, 2.5e-10, "uplink")
+    n, shape = 65536, planner.Shape.of(tree)
+    ph = planner.agreement_phases(shape, (shm, net), n, by_host=True, halving=True)
+    between = sum(62e-6 + m / 1.25e8 + m * 2.5e-10 for m in (n / 2, n / 4))
+    assert ph[1].link_bytes == pytest.approx(3 * n / 4)
+    assert planner.pipelined(ph, 1) == pytest.approx(3e-6 + n / 4e9 + n * 2.5e-10 + between + 3e-6 + n / 8 / 4e9)
+    flat = planner.agreement_phases(shape, (shm, net), n, by_host=False, halving=True)
+    assert [p.link_bytes for p in flat] == pytest.approx([n / 2, n / 4 + n / 8])  # (rounds on one level: a phase)
+    assert planner.pipelined(ph, 1) < planner.pipelined(planner.agreement_phases(shape, (shm, net), n, True), 1)
+
+
 def test_pipelining_approaches_the_slowest_level():
     """Two levels of equal cost: pipelined blocks take about one level's time, not the sum of both."""
     tree = normalize([[0, 1], [2, 3]])

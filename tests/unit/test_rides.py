@@ -9,7 +9,7 @@ from ddl import MismatchError, _native
 from ddl.core.agreement import host_groups
 from ddl.core.communicator import Communicator
 from ddl.schedule import Collective, Schedule
-from ddl.schedule.algorithms import leader_allgather, leader_allreduce
+from ddl.schedule.algorithms import leader_allgather, leader_allreduce, leader_reduce_scatter, scatter_layout
 from ddl.schedule.check import ScheduleError, check
 from ddl.schedule.ir import Op
 from test_loopback import BASE, spawn_on
@@ -67,6 +67,31 @@ def test_an_allgathers_round_sends_each_part_once_in_the_agreement_rounds_messag
             assert sum(s.count for s in received) == (p - len(hosts[host_of[r]])) * part * (r == hosts[host_of[r]][0])
 
 
+@pytest.mark.parametrize("hosts", HOSTS + [[[r] for r in range(7)], [[r] for r in range(8)], [[1, 0], [3, 2, 5], [4]],
+                                   [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]], ids=str)
+@pytest.mark.parametrize("parts", ["ones", "threes", "uneven"])
+def test_a_reduce_scatters_round_halves_the_vector_between_hosts_in_the_agreement_rounds_messages(hosts, parts):
+    """Every rank ends with its own part reduced over every rank; the messages are the agreement round's, peer
+    for peer and tag for tag; a power of two of hosts sends each first rank's partner half, then a quarter, ...
+    of the vector (what crosses out of a host: the vector less the host's own parts, once)."""
+    p = sum(map(len, hosts))
+    counts = {"ones": [1] * p, "threes": [3] * p, "uneven": [(r * 5) % 4 for r in range(p)]}[parts]
+    programs = tuple(leader_reduce_scatter(r, hosts, counts) for r in range(p))
+    layout = scatter_layout(hosts, counts)
+    spans = sorted((at, at + n) for at, n in layout)  # the parts tile the buffer
+    assert spans[0][0] == 0 and spans[-1][1] == sum(counts) and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    nonempty = tuple(prog.__class__(prog.rank, tuple(s for s in prog.steps if s.count), prog.rounds)
+                     for prog in programs)
+    check(Schedule(Collective.REDUCE_SCATTER, "leader", p, sum(counts), nonempty, 0, tuple(layout)))
+    host_of = {r: k for k, h in enumerate(hosts) for r in h}
+    for r, prog in enumerate(programs):
+        same = leader_allreduce(r, hosts, 5, keep_empty=True)
+        assert messages(prog) == messages(same) and prog.rounds == same.rounds
+        out = [s for s in prog.steps if s.op is Op.SEND and host_of[s.peer] != host_of[r]]
+        if len(hosts) & (len(hosts) - 1) == 0 and r == hosts[host_of[r]][0]:
+            assert sum(s.count for s in out) == sum(counts) - sum(counts[q] for q in hosts[host_of[r]])
+
+
 def test_the_checker_refuses_a_leader_agreement_that_skips_a_rank():
     hosts = [[0, 1], [2, 3]]
     programs = [leader_allreduce(r, hosts, 4) for r in range(4)]
@@ -121,16 +146,18 @@ def test_known_small_calls_give_numpys_answers_on_their_short_path(hosts):
             part = np.full((1, 2), -1, np.int64)
             got.append(("reduce_scatter out", k, c.reduce_scatter(values(c.rank, (6, 2), np.int64), "max",
                                                                   out=part) is part, part))
-        gathers = {k.kept["ride"].plan.algorithm for path, k in c.road.quick.values() if k.collective == "allgather"}
-        return got, sum(path.name == "riding" for path, _ in c.road.quick.values()), gathers
+        rounds = {k.collective: k.kept["ride"].plan.algorithm for path, k in c.road.quick.values()
+                  if k.collective in ("allgather", "reduce_scatter")}
+        return got, sum(path.name == "riding" for path, _ in c.road.quick.values()), rounds
 
     results, errors = spawn_on(comms, body)
     assert errors == [None] * p, errors
     gathered = np.concatenate([values(r, (2, 3), np.int32) for r in range(p)])
     whole = np.stack([values(r, (13,), np.float64) for r in range(p)]).mean(0)
     biggest = np.stack([values(r, (6, 2), np.int64) for r in range(p)]).max(0)
-    for r, (got, known, gathers) in enumerate(results):
-        assert gathers == {"leader allgather"}  # each part sent once, not summed through every round
+    for r, (got, known, rounds) in enumerate(results):
+        # each part sent once, not summed through every round; the vector halved between hosts, not whole
+        assert rounds == {"allgather": "leader allgather", "reduce_scatter": "leader reduce-scatter"}
         assert known == 5  # one Ride per signature: two broadcast roots, one allgather, two reduce_scatters
         for name, k, *rest in got:
             if name == "bcast":

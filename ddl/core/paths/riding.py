@@ -5,10 +5,11 @@ Serves, off the host memory level, allreduces whose payload fits the round where
 the plan would do anyway (on a slow uplink a 64 KiB payload is better scattered through the hierarchy: the cost
 model decides, once per size), broadcasts, allgathers and reduce-scatters whose round carries as few bytes (a
 broadcast: root's bytes, zeros elsewhere, summed; an allgather: every rank's part, each sent once; a
-reduce-scatter: the whole, reduced), and barriers (a round with no payload). Chosen after the host memory level
-(where rides would cost a message) and before the planned executor (which pays an agreement round of its own
-before its plan). A refused broadcast or allgather of a size that rides runs the same round with its problem,
-so every rank raises there. Known calls repeat through their Ride (ddl.core.rides).
+reduce-scatter: the whole, reduced to each host's first rank and halved between them), and barriers (a round
+with no payload). Chosen after the host memory level (where rides would cost a message) and before the planned
+executor (which pays an agreement round of its own before its plan). A refused broadcast or allgather of a
+size that rides runs the same round with its problem, so every rank raises there. Known calls repeat through
+their Ride (ddl.core.rides).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ class Riding:
         self.comm, self.planned = comm, planned
         self.agreement = comm.agreement
         self._small = comm.small_bytes
-        self._riding: dict[int, bool] = {}  # payload bytes -> whether they ride
+        self._riding: dict[tuple[int, bool], bool] = {}  # (payload bytes, halving) -> whether they ride
         self._ranks: np.ndarray | None | bool = False  # where each rank's part lies in a round (False: not yet known)
 
     def takes(self, call) -> str | None:
@@ -51,7 +52,7 @@ class Riding:
             if call.problem or comm.options.check is not None or not self.rides(call.array.nbytes):
                 return None
         elif collective == "reduce_scatter":
-            if comm.host_memory is not None or call.problem or not self.rides(call.array.nbytes):
+            if comm.host_memory is not None or call.problem or not self.rides(call.array.nbytes, halving=True):
                 return None
         elif not self.rides(self.payload(call)):
             return None
@@ -67,17 +68,18 @@ class Riding:
         # planned allgather, 840 us against 670)
         return 8 * self.comm.size + self.comm.size * (a.nbytes if call.problem is None else 0)
 
-    def rides(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` ride in the agreement round, decided once per size (the model's walk over the tree
-        costs more than a small call on a busy host)."""
-        rides = self._riding.get(nbytes)
+    def rides(self, nbytes: int, halving: bool = False) -> bool:
+        """Whether ``nbytes`` ride in the agreement round (``halving``: a reduce-scatter's, against the planned
+        reduce-scatter), decided once per size (the model's walk over the tree costs more than a small call on
+        a busy host)."""
+        rides = self._riding.get((nbytes, halving))
         if rides is None:
             if len(self._riding) > _KEPT:
                 self._riding.clear()
-            rides = self._riding[nbytes] = self._fused(nbytes)
+            rides = self._riding[(nbytes, halving)] = self._fused(nbytes, halving)
         return rides
 
-    def _fused(self, nbytes: int) -> bool:
+    def _fused(self, nbytes: int, halving: bool) -> bool:
         comm = self.comm
         if nbytes > self._small or comm.options.algo not in ("auto", "recursive_doubling"):
             return False
@@ -87,14 +89,16 @@ class Riding:
         # The planned path pays a separate agreement round (no payload) before its own rounds. Both priced as
         # the round runs: across hosts once per host where it does (the whole payload through each host's
         # first rank, not through every rank's NIC share at once: priced that way, an allgather of 1 KiB a
-        # rank on T1 took the planned path at 650 us where riding takes 170-190).
+        # rank on T1 took the planned path at 650 us where riding takes 170-190). A reduce-scatter's round
+        # halves the vector; its planned path runs the allreduce plan's reduce-scatter half (about half its time).
         shape = Shape.of(comm.tree)
         groups = self.agreement.groups
         by_host = groups is not None and len(groups) == shape.groups[0] and \
             {len(g) for g in groups} == set(shape.sizes[0])
-        fused = pipelined(agreement_phases(shape, comm.levels, nbytes, by_host), 1)
+        fused = pipelined(agreement_phases(shape, comm.levels, nbytes, by_host, halving), 1)
         agreement = pipelined(agreement_phases(shape, comm.levels, 0, by_host), 1)
-        return fused <= predict(plan, nbytes)[0] + agreement
+        planned = predict(plan, nbytes)[0] / (2 if halving else 1)
+        return fused <= planned + agreement
 
     def run(self, call):
         return getattr(self, "_" + call.collective)(call)
@@ -176,11 +180,12 @@ class Riding:
 
     def _reduce_scatter(self, call) -> np.ndarray:
         comm, k, a, out = self.comm, call.known, call.array, call.out
-        start = sum(k.rows[:comm.rank])
+        row = math.prod(a.shape[1:])
 
         def make():
-            return rides.reduce_scatter(k.text, self.agreement.plan(a.size), self.agreement.options(
-                k.text, k.dtype, k.op, factor=k.factor), a.shape, a.dtype, start, start + k.rows[comm.rank])
+            plan, layout = self.agreement.scatter_plan(tuple(n * row for n in k.rows))
+            return rides.reduce_scatter(k.text, plan, self.agreement.options(k.text, k.dtype, k.op, factor=k.factor),
+                                        a.shape, a.dtype, layout, k.rows[comm.rank], comm.rank)
         # (a dtype numpy does not build in, bfloat16, is not kept: its Ride is made per call)
         ride = self._ride(k, make) if k.short else make()
         direct = out is not None and out.flags.c_contiguous
@@ -245,5 +250,11 @@ class Riding:
 
     def _reduce_scatter_ride(self, ride: rides.Ride, a: np.ndarray, out) -> np.ndarray:
         with self.comm.lock:
-            self._run_ride(ride, a)
+            if ride.runs:  # the round's layout: the pieces go in, the round runs on them
+                flat, buffer = a.reshape(-1), ride.buffer
+                for at, start, n in ride.runs:
+                    buffer[at:at + n] = flat[start:start + n]
+                self._run_ride(ride)
+            else:
+                self._run_ride(ride, a)
             return answer_into(ride.answer, out)
