@@ -167,18 +167,21 @@ def latency_round_levels(shape: Shape) -> list[int]:
     return [next((j for j in range(shape.depth) if k <= holds[j]), shape.depth - 1) for k in reach]
 
 
-def latency_phases(shape: Shape, levels, nbytes: float, halving: bool = False) -> list[Phase]:
+def latency_phases(shape: Shape, levels, nbytes: float, payload: str = "whole") -> list[Phase]:
     """Recursive doubling over all ranks in tree order: the round that pairs ranks within blocks of k
     consecutive ranks crosses the lowest level whose groups hold k ranks; every rank below a child of that
-    level sends the whole vector through the child's links at once. ``halving``: the same rounds as a
-    reduce-scatter's recursive halving, each carrying half the one before (the fold's rounds whole)."""
+    level sends the whole vector through the child's links at once. ``payload`` "halving": the same rounds as a
+    reduce-scatter's recursive halving, each carrying half the one before; "gathering": an allgather's, each
+    carrying twice the one before, the last half the vector (the fold's rounds whole in both)."""
     out: list[Phase] = []
     rounds = latency_round_levels(shape)
     fold = 0 if _pof2(shape.nranks) else 1
+    pof2_rounds = len(rounds) - 2 * fold
     for i, lvl in enumerate(rounds):  # consecutive rounds on one level make one phase
         c = levels[lvl]
         j = i - fold
-        carried = nbytes / 2 ** (j + 1) if halving and 0 <= j < len(rounds) - 2 * fold else nbytes
+        carried = nbytes if not 0 <= j < pof2_rounds else nbytes / 2 ** (j + 1) if payload == "halving" else \
+            nbytes / 2 ** (pof2_rounds - j) if payload == "gathering" else nbytes
         sent = carried * shape.under[lvl]
         red = carried * c.gamma
         ph = Phase(lvl, "recursive doubling", "recursive_doubling", 1, c.alpha + sent / c.bandwidth + red,
@@ -191,24 +194,26 @@ def latency_phases(shape: Shape, levels, nbytes: float, halving: bool = False) -
     return out
 
 
-def agreement_phases(shape: Shape, levels, nbytes: float, by_host: bool, halving: bool = False) -> list[Phase]:
+def agreement_phases(shape: Shape, levels, nbytes: float, by_host: bool, payload: str = "whole") -> list[Phase]:
     """The agreement round with ``nbytes`` riding in it, as ddl.core.agreement runs it. ``by_host`` (level 0's
     groups are the hosts, and the round crosses them once per host): each host's ranks to its first rank, recursive
     doubling among the first ranks with one sender per host, back down; else recursive doubling over all ranks
-    (latency_phases), where every rank of a node sends through its NICs at once. ``halving``: a reduce-scatter's
-    round (ddl.schedule.algorithms.leader_reduce_scatter), halving the vector between the first ranks and
-    handing each rank only its part back down."""
+    (latency_phases), where every rank of a node sends through its NICs at once. ``payload`` "halving": a
+    reduce-scatter's round (ddl.schedule.algorithms.leader_reduce_scatter), halving the vector between the first
+    ranks and handing each rank only its part back down; "gathering": an allgather's (leader_allgather), each
+    rank's part going up, the parts doubling between the first ranks, the whole coming back down."""
     if not by_host or shape.depth < 2:
-        return latency_phases(shape, levels, nbytes, halving)
+        return latency_phases(shape, levels, nbytes, payload)
     c, g = levels[0], max(shape.sizes[0])
-    fan = c.alpha + (g - 1) * nbytes / c.bandwidth  # the first rank receives from each of its host's ranks
-    gather = Phase(0, "to each host's first rank", "leader", 1, fan + (g - 1) * nbytes * c.gamma, c.alpha,
-                   (g - 1) * nbytes, (g - 1) * nbytes * c.gamma)
+    up = nbytes / shape.nranks if payload == "gathering" else nbytes  # what each of the host's ranks sends up
+    red = 0.0 if payload == "gathering" else (g - 1) * nbytes * c.gamma
+    gather = Phase(0, "to each host's first rank", "leader", 1, c.alpha + (g - 1) * up / c.bandwidth + red,
+                   c.alpha, (g - 1) * up, red)
     per_host = shape.under[1]
     leaders = Shape(shape.depth - 1, shape.sizes[1:], tuple(max(1, u // per_host) for u in shape.under[1:]),
                     shape.groups[1:], shape.groups[0])
-    between = [replace(p, level=p.level + 1) for p in latency_phases(leaders, levels[1:], nbytes, halving)]
-    down = nbytes / shape.nranks if halving else nbytes  # what each of the host's other ranks gets back
+    between = [replace(p, level=p.level + 1) for p in latency_phases(leaders, levels[1:], nbytes, payload)]
+    down = nbytes / shape.nranks if payload == "halving" else nbytes  # what each of the host's other ranks gets back
     scatter = Phase(0, "back from each host's first rank", "leader", 1, c.alpha + (g - 1) * down / c.bandwidth,
                     c.alpha, (g - 1) * down, 0.0)
     return [gather, *between, scatter]

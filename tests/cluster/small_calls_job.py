@@ -29,6 +29,13 @@ def main() -> int:
         whole = p * np.arange(4 * p, dtype=np.float64) + p * (p - 1) / 2
         if not np.array_equal(part, whole[4 * rank:4 * rank + 4]):
             wrong.append("reduce_scatter")
+        counts = [1 + r % 3 for r in range(p)]  # parts of uneven rows, in the round's layout of hosts
+        rows = np.arange(sum(counts) * 2, dtype=np.int64).reshape(-1, 2) * (rank + 1)
+        mine = c.reduce_scatter(rows, "sum", counts=counts)
+        start = sum(counts[:rank])
+        if not np.array_equal(mine, (p * (p + 1) // 2) * np.arange(sum(counts) * 2).reshape(-1, 2)[
+                start:start + counts[rank]]):
+            wrong.append("uneven reduce_scatter")
         y = c.allreduce(np.full(3, rank + 1, np.int64))
         if not np.array_equal(y, np.full(3, p * (p + 1) // 2)):
             wrong.append("allreduce")
@@ -49,6 +56,7 @@ def main() -> int:
     with open(f"{sys.argv[1]}.{rank}", "w") as f:
         json.dump({"host": MPI.Get_processor_name(), "agreement": c.agreement.plan(0).algorithm,
                    "gathered": c.agreement.gather_plan(24).algorithm,
+                   "scattered": c.agreement.scatter_plan(tuple([4] * p))[0].algorithm,
                    "wrong": wrong, "raised": raised}, f)
     return 0
 

@@ -145,8 +145,9 @@ def test_uneven_nodes_carry_the_closed_form(tmp_path):
 @pytest.mark.parametrize("shape", ["2x2", "3,2,1"])
 def test_small_calls_cross_hosts_through_their_first_ranks_and_mismatches_raise_everywhere(shape, tmp_path):
     """The agreement round, which small collectives ride in, goes up to each host's first rank and across hosts
-    between those only (ddl.schedule.algorithms.leader_allreduce; an allgather's parts each once in its messages);
-    known calls give numpy's answers on their short path, uneven rows included, and a rank that calls differently makes every rank raise MismatchError naming both calls."""
+    between those only (ddl.schedule.algorithms.leader_allreduce; an allgather's parts each once in its messages,
+    a reduce-scatter's vector halved between hosts); known calls give numpy's answers on their short path, uneven
+    rows included, and a rank that calls differently makes every rank raise MismatchError naming both calls."""
     with cluster.Cluster(shape) as c:
         done = c.mpirun([sys.executable, str(Path(JOB).with_name("small_calls_job.py")), str(tmp_path / "r")],
                         timeout=240, quiet=True, capture=True)
@@ -155,6 +156,7 @@ def test_small_calls_cross_hosts_through_their_first_ranks_and_mismatches_raise_
     assert len({r["host"] for r in reports}) == len(c.hosts)
     for r in reports:
         assert r["agreement"] == "leader" and r["gathered"] == "leader allgather" and r["wrong"] == []
+        assert r["scattered"] == "leader reduce-scatter"
         assert "broadcast(shape=(3,)" in r["raised"] and "allgather(shape=(*, 3)" in r["raised"], r["raised"]
 
 

@@ -214,11 +214,11 @@ def test_a_reduce_scatters_round_is_priced_halving_the_vector_between_hosts():
     shm = LevelCost("node", "shm", 3e-6, 4e9, 2.5e-10, "peer")
     net = LevelCost("switch", "veth", 62e-6, 1.25e8, 2.5e-10, "uplink")
     n, shape = 65536, planner.Shape.of(tree)
-    ph = planner.agreement_phases(shape, (shm, net), n, by_host=True, halving=True)
+    ph = planner.agreement_phases(shape, (shm, net), n, by_host=True, payload="halving")
     between = sum(62e-6 + m / 1.25e8 + m * 2.5e-10 for m in (n / 2, n / 4))
     assert ph[1].link_bytes == pytest.approx(3 * n / 4)
     assert planner.pipelined(ph, 1) == pytest.approx(3e-6 + n / 4e9 + n * 2.5e-10 + between + 3e-6 + n / 8 / 4e9)
-    flat = planner.agreement_phases(shape, (shm, net), n, by_host=False, halving=True)
+    flat = planner.agreement_phases(shape, (shm, net), n, by_host=False, payload="halving")
     assert [p.link_bytes for p in flat] == pytest.approx([n / 2, n / 4 + n / 8])  # (rounds on one level: a phase)
     assert planner.pipelined(ph, 1) < planner.pipelined(planner.agreement_phases(shape, (shm, net), n, True), 1)
 

@@ -45,9 +45,9 @@ def test_small_calls_ride_and_large_ones_follow_the_plan():
         assert taken(comm.route(collective, large)) == "planned", collective
     assert taken(comm.route("barrier", 0)) == "riding"
     assert taken(comm.route("alltoall", small)) == "planned"
-    # an allgather's round carries every rank's rows: 4 ranks of 16 KiB are 64 KiB and a count each, too many
-    assert taken(comm.route("allgather", 16 << 10)) == "planned"
-    assert taken(comm.route("allgather", (16 << 10) - 8)) == "riding"
+    # a known allgather's round carries every rank's rows, each once: 4 ranks of 16 KiB fill its 64 KiB
+    assert taken(comm.route("allgather", (16 << 10) + 4)) == "planned"
+    assert taken(comm.route("allgather", 16 << 10)) == "riding"
 
 
 def test_explain_names_the_path_and_why():

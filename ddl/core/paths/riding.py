@@ -39,7 +39,7 @@ class Riding:
         self.comm, self.planned = comm, planned
         self.agreement = comm.agreement
         self._small = comm.small_bytes
-        self._riding: dict[tuple[int, bool], bool] = {}  # (payload bytes, halving) -> whether they ride
+        self._riding: dict[tuple[int, str], bool] = {}  # (payload bytes, its shape) -> whether they ride
         self._ranks: np.ndarray | None | bool = False  # where each rank's part lies in a round (False: not yet known)
 
     def takes(self, call) -> str | None:
@@ -52,9 +52,10 @@ class Riding:
             if call.problem or comm.options.check is not None or not self.rides(call.array.nbytes):
                 return None
         elif collective == "reduce_scatter":
-            if comm.host_memory is not None or call.problem or not self.rides(call.array.nbytes, halving=True):
+            if comm.host_memory is not None or call.problem or not self.rides(call.array.nbytes, "halving"):
                 return None
-        elif not self.rides(self.payload(call)):
+        elif not self.rides(self.payload(call), "gathering" if collective == "allgather" and call.known.short
+                            else "whole"):
             return None
         return f"{self._small} bytes or fewer ride in the agreement round: one latency-optimal exchange"
 
@@ -63,23 +64,23 @@ class Riding:
         a = call.array
         if call.collective == "broadcast":
             return 0 if a.dtype.hasobject else a.nbytes
-        # (as the round of a call that is not known sums them: the counts and every part; a known call's round
-        # gathers the parts alone, but 64 KiB gathered through each host's first rank ran slower on T1 than the
-        # planned allgather, 840 us against 670)
+        if call.problem is None and call.known.short:  # a known call's round gathers the parts alone
+            return self.comm.size * a.nbytes
+        # (as the round of a call that is not known sums them: the counts and every part)
         return 8 * self.comm.size + self.comm.size * (a.nbytes if call.problem is None else 0)
 
-    def rides(self, nbytes: int, halving: bool = False) -> bool:
-        """Whether ``nbytes`` ride in the agreement round (``halving``: a reduce-scatter's, against the planned
-        reduce-scatter), decided once per size (the model's walk over the tree costs more than a small call on
-        a busy host)."""
-        rides = self._riding.get((nbytes, halving))
+    def rides(self, nbytes: int, payload: str = "whole") -> bool:
+        """Whether ``nbytes`` ride in the agreement round (``payload``: "whole", "halving" a reduce-scatter's,
+        "gathering" a known allgather's, each against its planned path), decided once per size (the model's
+        walk over the tree costs more than a small call on a busy host)."""
+        rides = self._riding.get((nbytes, payload))
         if rides is None:
             if len(self._riding) > _KEPT:
                 self._riding.clear()
-            rides = self._riding[(nbytes, halving)] = self._fused(nbytes, halving)
+            rides = self._riding[(nbytes, payload)] = self._fused(nbytes, payload)
         return rides
 
-    def _fused(self, nbytes: int, halving: bool) -> bool:
+    def _fused(self, nbytes: int, payload: str) -> bool:
         comm = self.comm
         if nbytes > self._small or comm.options.algo not in ("auto", "recursive_doubling"):
             return False
@@ -89,15 +90,16 @@ class Riding:
         # The planned path pays a separate agreement round (no payload) before its own rounds. Both priced as
         # the round runs: across hosts once per host where it does (the whole payload through each host's
         # first rank, not through every rank's NIC share at once: priced that way, an allgather of 1 KiB a
-        # rank on T1 took the planned path at 650 us where riding takes 170-190). A reduce-scatter's round
-        # halves the vector; its planned path runs the allreduce plan's reduce-scatter half (about half its time).
+        # rank on T1 took the planned path at 650 us where riding takes 170-190). A reduce-scatter's round halves
+        # the vector, a known allgather's doubles the parts; their planned paths run one half of the allreduce's
+        # plan (about half its time).
         shape = Shape.of(comm.tree)
         groups = self.agreement.groups
         by_host = groups is not None and len(groups) == shape.groups[0] and \
             {len(g) for g in groups} == set(shape.sizes[0])
-        fused = pipelined(agreement_phases(shape, comm.levels, nbytes, by_host, halving), 1)
+        fused = pipelined(agreement_phases(shape, comm.levels, nbytes, by_host, payload), 1)
         agreement = pipelined(agreement_phases(shape, comm.levels, 0, by_host), 1)
-        planned = predict(plan, nbytes)[0] / (2 if halving else 1)
+        planned = predict(plan, nbytes)[0] / (1 if payload == "whole" else 2)
         return fused <= planned + agreement
 
     def run(self, call):
