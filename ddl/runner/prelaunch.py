@@ -19,6 +19,22 @@ SSH = ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHost
 HOST_SECONDS = 10.0  # per host, connection and probe together: an unreachable host is reported within this
 
 
+def host_seconds(environ=os.environ) -> float:
+    """The checks' deadline per host: $DDL_CHECK_SECONDS, or HOST_SECONDS (a cold Python import from a shared
+    filesystem, or hosts that share a few cores, can take longer than an unreachable host should)."""
+    text = environ.get("DDL_CHECK_SECONDS")
+    if not text:
+        return HOST_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(f"DDL_CHECK_SECONDS={text!r}: the checks' deadline per host must be a positive number "
+                         f"of seconds")
+    return seconds
+
+
 def probe() -> dict:
     """What this host has, as the checks compare it."""
     from ..config import version

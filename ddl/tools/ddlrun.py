@@ -285,7 +285,12 @@ def _describe(p: launch.Launch, source: str) -> None:
 
 def _run_checks(hosts: list[str], ssh: list[str], python: str, local: set[str], verbose: bool) -> bool:
     unique = list(dict.fromkeys(hosts))
-    reports, problems = prelaunch.check(unique, prelaunch.probe(), ssh, python, local)
+    try:
+        seconds = prelaunch.host_seconds()
+    except ValueError as e:
+        _say(f"check failed: {e}")
+        return False
+    reports, problems = prelaunch.check(unique, prelaunch.probe(), ssh, python, local, seconds)
     if verbose:
         for r in reports:
             _say(f"check {r.host}: {r.facts if r.facts else r.problem}")

@@ -110,6 +110,14 @@ def test_an_unreachable_host_is_reported_within_the_deadline(tmp_path):
     assert problems == ["dead: no answer within 2 s (unreachable, or ssh waits for a password)"]
 
 
+def test_the_deadline_per_host_comes_from_ddl_check_seconds():
+    assert prelaunch.host_seconds({}) == prelaunch.HOST_SECONDS == 10.0
+    assert prelaunch.host_seconds({"DDL_CHECK_SECONDS": "45"}) == 45.0
+    for bad in ("0", "-3", "soon"):
+        with pytest.raises(ValueError, match=f"DDL_CHECK_SECONDS={bad!r}: the checks' deadline"):
+            prelaunch.host_seconds({"DDL_CHECK_SECONDS": bad})
+
+
 def test_ssh_failure_is_reported_as_unreachable(tmp_path):
     ssh = fake_ssh(tmp_path, 'echo "ssh: connect to host $1 port 22: Connection refused" >&2; exit 255')
     _, problems = prelaunch.check(["n1"], HERE, ssh, sys.executable)
