@@ -176,24 +176,23 @@ def leader_allgather(rank: int, hosts: list[list[int]], part: int) -> Program:
     return _program(rank, down + (1 if up else 0), steps, keep_empty=True)
 
 
-def scatter_order(hosts: list[list[int]]) -> list[int]:
-    """The hosts in the order a reduce-scatter's round lays out their parts (leader_reduce_scatter). Its halving
+def scatter_positions(hosts: list[list[int]]) -> list[list[int]]:
+    """The hosts at each position of a reduce-scatter's round (leader_reduce_scatter), in order. Its halving
     among the leaders pairs them as the agreement round does, lowest bit first, so the active leader numbered v
     keeps, round after round, the parts at position bit-reversed(v): every half it keeps is then one contiguous
     range. A folded pair of hosts (2j, 2j + 1) is the active leader j, the even host's parts first."""
     pof2, rem, _ = _fold(0, len(hosts))
     levels = pof2.bit_length() - 1
     members = [[2 * v, 2 * v + 1] if v < rem else [v + rem] for v in range(pof2)]
-    positions = sorted(range(pof2), key=lambda v: int(f"{v:0{levels}b}"[::-1] or "0", 2))
-    return [k for v in positions for k in members[v]]
+    return [members[v] for v in sorted(range(pof2), key=lambda v: int(f"{v:0{levels}b}"[::-1] or "0", 2))]
 
 
 def scatter_layout(hosts: list[list[int]], counts: list[int]) -> list[tuple[int, int]]:
     """(offset, count) of each rank's part (``counts``: elements, in rank order) in a reduce-scatter's round:
-    hosts in scatter_order, each host's ranks in its order."""
+    hosts as scatter_positions orders them, each host's ranks in its order."""
     layout: list[tuple[int, int]] = [(0, 0)] * len(counts)
     at = 0
-    for k in scatter_order(hosts):
+    for k in (k for group in scatter_positions(hosts) for k in group):
         for r in hosts[k]:
             layout[r] = (at, counts[r])
             at += counts[r]
@@ -233,10 +232,10 @@ def leader_reduce_scatter(rank: int, hosts: list[list[int]], counts: list[int]) 
                 steps += [Step(up, Op.RECV_REDUCE, leaders[k - 1], *whole),
                           Step(up + across - 1, Op.SEND, leaders[k - 1], *span(hosts[k - 1]))]
         if new >= 0:
-            groups = _active_groups(scatter_order(hosts), rem)  # the hosts at each position, in order
-            starts = [0]
+            groups = scatter_positions(hosts)
+            starts = [0]  # where each position's parts begin
             for g in groups:
-                starts.append(starts[-1] + sum(span(hosts[h])[1] for h in g))
+                starts.append(starts[-1] + sum(counts[r] for h in g for r in hosts[h]))
             position = next(q for q, g in enumerate(groups) if k in g)
             a, b = 0, pof2
             for bit in range(levels):
@@ -253,17 +252,6 @@ def leader_reduce_scatter(rank: int, hosts: list[list[int]], counts: list[int]) 
     else:
         steps.append(Step(down, Op.RECV_COPY, mine[0], *layout[rank]))
     return _program(rank, down + (1 if up else 0), steps, keep_empty=True)
-
-
-def _active_groups(order: list[int], rem: int) -> list[list[int]]:
-    """scatter_order's hosts grouped by active leader (a folded pair together)."""
-    groups: list[list[int]] = []
-    for h in order:
-        if h < 2 * rem and h % 2 == 1:
-            groups[-1].append(h)
-        else:
-            groups.append([h])
-    return groups
 
 
 def rabenseifner_allreduce(rank: int, p: int, count: int) -> Program:
