@@ -45,11 +45,14 @@ from .plans import PlanCache
 from .road import Road
 
 SCRATCH_KEPT = 256 << 20  # staging bytes a communicator keeps between calls (larger ones are made per call)
-# Runs of at least this many bytes sleep between polls while they wait (DDL_REST): their waits are long, and
-# spinning through them took every core of the emulated clusters (8 ranks on 2: a 26 MB allreduce cost 0.65
-# CPU-seconds across the ranks where gloo's cost 0.15, and DDP's backward slowed beside it); smaller runs keep
-# polling, their wait being their latency (on T1, resting from 0 bytes: 8 B allreduces 150 -> 700 us; from
-# 1 MiB: a 1 MiB broadcast, a chain of eight ranks, 10.9 -> 14.2 ms).
+# Asynchronous runs (the caller works beside them: DDP's buckets during backward) of at least this many bytes
+# sleep between polls while they wait (DDL_REST): their waits are long, and spinning through them took every
+# core of the emulated clusters (8 ranks on 2: a 26 MB allreduce cost 0.65 CPU-seconds across the ranks where
+# gloo's cost 0.15, and DDP's backward slowed beside it; T1's DDP step with spinning buckets 0.69x gloo's speed,
+# resting 0.80-0.86x, on a slow machine). Smaller runs keep polling, their wait being their latency (on T1,
+# resting from 0 bytes: 8 B allreduces 150 -> 700 us; from 1 MiB: a 1 MiB broadcast, a chain of eight ranks,
+# 10.9 -> 14.2 ms); so do blocking runs, whose caller only waits: on that slow machine a sleep overran by
+# 60 us and more, and T1's 16 MiB allreduce took 446 ms resting against 265 polling.
 REST_FROM_BYTES = 4 << 20
 # ... and only where a level's links are slow enough that a block's message outlasts the shortest sleep Linux
 # gives several times over (a rest is stretched by the thread's timer slack, 50 us): the planner's largest
@@ -240,6 +243,7 @@ class Communicator(Planning, Submitting):
         """Runs a compiled pipeline on this communicator's executor (``_native.RunOptions``; ``out``: see
         _native.Executor.run; ``parts``: run_parts' arguments after the staged ``buffer``); returns whether every
         rank's header agreed (True without one). The caller holds ``lock`` and has agreed first."""
+        options.beside_work = self._worker is not None and self._worker.on_worker()  # asynchronous: may rest
         try:
             if parts is not None:
                 self._executor.run_parts(plan.native, buffer, *parts, options)

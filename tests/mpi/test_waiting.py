@@ -1,7 +1,7 @@
-"""How the executor waits, with MPI ranks (any N >= 2): a large run whose peers are late rests between polls
-(Executor.rest, as DDL_REST sets it where links are slow) and still reduces right; a small run, or any run
-with no rest set, keeps polling. Rank 0 arrives late on purpose, so every other rank waits about that long
-inside the run."""
+"""How the executor waits, with MPI ranks (any N >= 2): a large asynchronous run (its caller works beside it)
+whose peers are late rests between polls (Executor.rest, as DDL_REST sets it where links are slow) and still
+reduces right; a blocking run, a small run, or any run with no rest set keeps polling. Rank 0 arrives late on
+purpose, so every other rank waits about that long inside the run."""
 import time
 from dataclasses import replace
 
@@ -18,9 +18,10 @@ RANK, SIZE = COMM.rank, COMM.size
 LATE = 0.3  # seconds rank 0 arrives after the others
 
 
-def late_allreduce(rest_us: float, nbytes: int) -> int:
+def late_allreduce(rest_us: float, nbytes: int, asynchronous: bool = True) -> int:
     """Rests the executor took during one allreduce of ``nbytes`` (float32) that rank 0 joins LATE seconds after
-    the others, its rests set to at most ``rest_us``; checks the result against the closed form."""
+    the others, its rests set to at most ``rest_us``, submitted (``asynchronous``) or blocking; checks the result
+    against the closed form."""
     comm = Communicator.from_mpi(COMM, replace(parse("", environ={}), path="planned", shm="0"))
     comm._executor.rest(rest_us * 1e-6, REST_FROM_BYTES)  # (one host's links are fast: the test sets it)
     try:
@@ -30,7 +31,8 @@ def late_allreduce(rest_us: float, nbytes: int) -> int:
         COMM.Barrier()
         if RANK == 0:
             time.sleep(LATE)
-        result = comm.allreduce(contribution(RANK, n, np.float32, "sum"))
+        x = contribution(RANK, n, np.float32, "sum")
+        result = comm.allreduce_async(x).wait(60) if asynchronous else comm.allreduce(x)
         assert_reduced(result, n, np.float32, "sum")
         return comm._executor.rests - before
     finally:
@@ -48,3 +50,9 @@ def test_a_large_run_rests_while_its_peers_are_late():
 def test_no_rests_with_rest_zero_or_below_the_size_that_rests():
     assert late_allreduce(0, 2 * REST_FROM_BYTES) == 0
     assert late_allreduce(100, REST_FROM_BYTES // 4) == 0
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_blocking_run_keeps_polling_while_its_peers_are_late():
+    """Its caller does nothing but wait for it: a rest would only make it late."""
+    assert late_allreduce(100, 2 * REST_FROM_BYTES, asynchronous=False) == 0

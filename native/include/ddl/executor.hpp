@@ -90,6 +90,7 @@ struct RunOptions {
   BlockHooks* hooks = nullptr;     // not owned
   std::vector<RoundSpan>* spans = nullptr;  // when set, one span per block round is appended (not owned)
   int64_t bytes = 0;               // the buffer's size, for the flight recorder
+  bool beside_work = false;        // the caller works while this runs (an asynchronous call): it may rest
 };
 
 // One run as the flight recorder keeps it (ddl.core.flight): its number on this executor (the same run has
@@ -123,10 +124,12 @@ class Executor {
   static constexpr size_t kMaxSpans = size_t{1} << 22;
   // The flight recorder: the last n runs in a ring (0: none). Two clock reads and a string copy per run.
   void keep_runs(size_t n) { ring_.assign(n, RunRecord{}); }
-  // Runs of at least `from_bytes` rest between polls once they wait: an eighth of the time since anything
-  // last completed, at most `longest` (zero: never). Such a run's waits are long, on a slow link or behind
-  // ranks that share cores; a rest gives the core to the work beside it (backward, the other ranks) and
-  // delays noticing a completion by at most that eighth. Smaller runs keep polling: their wait is latency.
+  // Runs of at least `from_bytes` that run beside the caller's work (RunOptions::beside_work) rest between
+  // polls once they wait: an eighth of the time since anything last completed, at most `longest` (zero:
+  // never). Such a run's waits are long, on a slow link or behind ranks that share cores; a rest gives the
+  // core to the work beside it (backward) and delays noticing a completion by that eighth and the
+  // oversleep Linux adds (the timer slack, 50 us, and more where cores are shared). A blocking run and a
+  // smaller run keep polling: nothing of the caller's waits for the core, and their wait is their time.
   void rest(Clock::duration longest, int64_t from_bytes) { rest_longest_ = longest, rest_from_ = from_bytes; }
   int64_t rests() const { return rests_; }  // rests taken so far (a count: what the tests can check)
   std::vector<RunRecord> runs() const;  // oldest first
