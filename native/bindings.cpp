@@ -480,6 +480,8 @@ PYBIND11_MODULE(_native, m) {
       "they wait (an eighth of the wait so far, at most longest_s; 0: never), giving the core to that work; "
       "blocking and smaller runs keep polling.")
       .def_property_readonly("rests", &Executor::rests, "How many rests runs have taken so far.")
+      .def("caller_waits", &Executor::caller_waits, py::arg("on"),
+           "A thread starts (True) or stops (False) waiting for a submitted run: while any waits, runs poll.")
       .def("take_spans", [](Executor& e) {
         int64_t dropped = 0;
         std::vector<RoundSpan> spans = e.take_spans(&dropped);

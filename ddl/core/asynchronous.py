@@ -12,6 +12,7 @@ the handle; ``wait(timeout)`` bounds the caller's own wait too.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import queue
 import threading
 import weakref
@@ -20,11 +21,26 @@ from ..errors import DDLError
 from .devices import is_device_array
 
 
+@contextlib.contextmanager
+def waiting_on(executor):
+    """A caller waiting for ``executor``'s submitted runs (None: nothing to tell): nothing of the caller's needs
+    the core meanwhile, so they poll instead of resting (Executor.rest, caller_waits)."""
+    if executor is None:
+        yield
+        return
+    executor.caller_waits(True)
+    try:
+        yield
+    finally:
+        executor.caller_waits(False)
+
+
 class Handle:
     """A submitted collective. ``wait()`` returns its result or raises its error; ``done()`` never blocks."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, executor=None):
         self.name = name
+        self._executor = executor  # told while a caller waits, so that its runs stop resting (Executor.rest)
         self._finished = threading.Event()
         self._result = None
         self._error: BaseException | None = None
@@ -32,8 +48,14 @@ class Handle:
     def done(self) -> bool:
         return self._finished.is_set()
 
+    def waiting(self):
+        """The context of a caller that waits for this collective (by this handle or another way)."""
+        return waiting_on(None if self._finished.is_set() else self._executor)
+
     def wait(self, timeout: float | None = None):
-        if not self._finished.wait(timeout):
+        with self.waiting():
+            finished = self._finished.wait(timeout)
+        if not finished:
             raise DDLError(f"{self.name} did not finish within {timeout:g} s (still running; wait again or "
                            f"let DDL_TIMEOUT end it)")
         if self._error is not None:
@@ -60,8 +82,8 @@ class Worker:
         self._thread.start()
         _running.add(self)
 
-    def submit(self, name: str, fn, *args) -> Handle:
-        handle = Handle(name)
+    def submit(self, name: str, fn, *args, executor=None) -> Handle:
+        handle = Handle(name, executor)
         with self._idle:
             self._pending += 1
         self._queue.put((handle, fn, args))
@@ -128,7 +150,8 @@ class Submitting:
                                    f"MPI_THREAD_SERIALIZED (mpi4py asks for MPI_THREAD_MULTIPLE unless "
                                    f"mpi4py.rc.thread_level was lowered)")
             self._worker = Worker(f"ddl-collectives-rank{self.rank}")
-        return self._worker.submit(name, fn, *args)
+        executor = self._executor if hasattr(self._executor, "caller_waits") else None
+        return self._worker.submit(name, fn, *args, executor=executor)
 
     def drain(self) -> None:
         """Waits for the submitted collectives to finish (a blocking collective does first, so the order stays

@@ -51,8 +51,10 @@ SCRATCH_KEPT = 256 << 20  # staging bytes a communicator keeps between calls (la
 # gloo's cost 0.15, and DDP's backward slowed beside it; T1's DDP step with spinning buckets 0.69x gloo's speed,
 # resting 0.80-0.86x, on a slow machine). Smaller runs keep polling, their wait being their latency (on T1,
 # resting from 0 bytes: 8 B allreduces 150 -> 700 us; from 1 MiB: a 1 MiB broadcast, a chain of eight ranks,
-# 10.9 -> 14.2 ms); so do blocking runs, whose caller only waits: on that slow machine a sleep overran by
-# 60 us and more, and T1's 16 MiB allreduce took 446 ms resting against 265 polling.
+# 10.9 -> 14.2 ms); so do blocking runs and runs a caller waits for (Handle.waiting), as nothing of the
+# caller's needs the core: on that slow machine a sleep overran by 60 us and more, T1's 16 MiB allreduce took
+# 446 ms resting against 229-265 polling, and a lone 64 MiB allreduce submitted and waited for 1.118x the
+# blocking one's time until its wait stopped the rests (0.997x).
 REST_FROM_BYTES = 4 << 20
 # ... and only where a level's links are slow enough that a block's message outlasts the shortest sleep Linux
 # gives several times over (a rest is stretched by the thread's timer slack, 50 us): the planner's largest

@@ -31,6 +31,7 @@ tests/gpu, run only where there is a GPU).
 """
 from __future__ import annotations
 
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -72,12 +73,13 @@ class _Work(dist.Work):
     collective's Work holds an event recorded after ddl's work on the caller's stream: ``wait`` makes the
     current stream wait for it, as NCCL's Work does, whichever stream waits."""
 
-    def __init__(self, future: torch.futures.Future, event=None):
+    def __init__(self, future: torch.futures.Future, event=None, handle=None):
         super().__init__()
-        self._future, self._event = future, event
+        self._future, self._event, self._handle = future, event, handle
 
     def wait(self, timeout=None) -> bool:  # (the collective has its own deadline: ddl's timeout)
-        self._future.wait()
+        with self._handle.waiting() if self._handle is not None else contextlib.nullcontext():
+            self._future.wait()
         if self._event is not None:
             torch.cuda.current_stream().wait_event(self._event)
         return True
@@ -139,8 +141,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
                 raise
             fut.set_result(result)
 
-        self.comm.submit(f"torch.distributed {call}", job)
-        return _Work(fut)
+        return _Work(fut, handle=self.comm.submit(f"torch.distributed {call}", job))
 
     # -- collectives ---------------------------------------------------------------------------------------------
 

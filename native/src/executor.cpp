@@ -38,9 +38,9 @@ struct ActiveBlock {
 class Run {
  public:
   Run(Transport& t, const Plan& plan, char* buf, RunOptions& opt, std::vector<char>& arena,
-      Clock::duration rest_longest, int64_t& rests)
+      Clock::duration rest_longest, int64_t& rests, const std::atomic<int>& waiting)
       : t_(t), plan_(plan), buf_(buf), opt_(opt), es_(dtype_size(opt.dtype)), rest_longest_(rest_longest),
-        rests_(rests) {
+        rests_(rests), waiting_(waiting) {
     const int64_t half = std::max(1, t.max_tag() / 2);
     tag_base_ = opt.header_mode ? 0 : half;   // header and data messages never match each other
     tag_span_ = half;
@@ -86,7 +86,8 @@ class Run {
       } else {
         const auto now = Clock::now();
         if (now > idle_deadline) fail(active, next);
-        const auto rest = std::min(rest_longest_, (now - last_progress) / 8);
+        const bool waited_for = waiting_.load(std::memory_order_relaxed) > 0;
+        const auto rest = waited_for ? Clock::duration::zero() : std::min(rest_longest_, (now - last_progress) / 8);
         if (rest > Clock::duration::zero()) ++rests_;
         t_.idle(rest);
       }
@@ -255,6 +256,7 @@ class Run {
   size_t es_;
   Clock::duration rest_longest_;  // zero: this run never rests
   int64_t& rests_;
+  const std::atomic<int>& waiting_;  // callers waiting for a submitted run: rest no more
   int64_t tag_base_ = 0, tag_span_ = 1;
   size_t slot_bytes_ = 0, slots_ = 1;
   char* arena_ = nullptr;
@@ -339,7 +341,8 @@ void Executor::run(const Plan& plan, void* buf, RunOptions& opt) {
   }
   try {
     const bool resting = rest_longest_ > Clock::duration::zero() && opt.beside_work && opt.bytes >= rest_from_;
-    Run(*t_, plan, static_cast<char*>(buf), opt, arena_, resting ? rest_longest_ : Clock::duration::zero(), rests_)
+    Run(*t_, plan, static_cast<char*>(buf), opt, arena_, resting ? rest_longest_ : Clock::duration::zero(), rests_,
+        waiting_)
         .go();
     if (rec) rec->end_ns = clock_ns(), rec->state = 1;
     if (spans_.size() > kMaxSpans) {  // nobody took them: keep the oldest, count the rest

@@ -11,6 +11,7 @@
 // every receive merges by max, so after the collective each rank holds max and -min of a value the Python
 // side put there (the hash of the call's signature): agreement is checked in the same messages as the data.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -90,7 +91,7 @@ struct RunOptions {
   BlockHooks* hooks = nullptr;     // not owned
   std::vector<RoundSpan>* spans = nullptr;  // when set, one span per block round is appended (not owned)
   int64_t bytes = 0;               // the buffer's size, for the flight recorder
-  bool beside_work = false;        // the caller works while this runs (an asynchronous call): it may rest
+  bool beside_work = false;        // an asynchronous call: it may rest while its caller works (Executor::rest)
 };
 
 // One run as the flight recorder keeps it (ddl.core.flight): its number on this executor (the same run has
@@ -128,9 +129,12 @@ class Executor {
   // polls once they wait: an eighth of the time since anything last completed, at most `longest` (zero:
   // never). Such a run's waits are long, on a slow link or behind ranks that share cores; a rest gives the
   // core to the work beside it (backward) and delays noticing a completion by that eighth and the
-  // oversleep Linux adds (the timer slack, 50 us, and more where cores are shared). A blocking run and a
-  // smaller run keep polling: nothing of the caller's waits for the core, and their wait is their time.
+  // oversleep Linux adds (the timer slack, 50 us, and more where cores are shared). A blocking run, a
+  // smaller run, and any run while the caller waits for one (caller_waits) keep polling: then nothing of
+  // the caller's needs the core, and the wait is the caller's time.
   void rest(Clock::duration longest, int64_t from_bytes) { rest_longest_ = longest, rest_from_ = from_bytes; }
+  // The caller (another thread) starts or stops waiting for a submitted run; counted, as several may wait.
+  void caller_waits(bool on) { waiting_.fetch_add(on ? 1 : -1, std::memory_order_relaxed); }
   int64_t rests() const { return rests_; }  // rests taken so far (a count: what the tests can check)
   std::vector<RunRecord> runs() const;  // oldest first
 
@@ -140,6 +144,7 @@ class Executor {
   Clock::duration rest_longest_{};
   int64_t rest_from_ = 0;
   int64_t rests_ = 0;
+  std::atomic<int> waiting_{0};
   std::string broken_;
   bool recording_ = false;
   std::vector<RoundSpan> spans_;
