@@ -143,9 +143,11 @@ class Communicator(Planning, Submitting):
         self._calls = Calls(rank, size, self.agreement, o.timeout, self.host_memory is not None, size == 1)
         self.road = Road(paths.table(self), o.path, quick, self._native, self.drain,
                          self._timed if self._timer is not None or self._recorder is not None else None)
-        # rank 0 times its large allreduces against the plan's prediction, five calls at a time (ddl.core.plan_check)
+        # large allreduces timed against the plan's prediction, five calls at a time, the slowest rank's
+        # median deciding and rank 0 saying it (ddl.core.plan_check)
         self.plan_check = PlanCheck(lambda n: explain(self.plan_for(n), n), self._doubt_probe, o.dbg_level >= 1,
-                                    enabled=rank == 0 and len(set(self.hosts or ())) > 1)
+                                    enabled=mpi_comm is not None and len(set(self.hosts or ())) > 1,
+                                    slowest=self._slowest, speaks=rank == 0)
         self._origin = 0
         if self._recorder is not None:  # one time origin for every rank's track: right after a barrier (hosts'
             if mpi_comm is not None:    # clocks differ; loopback ranks are threads sharing one clock)
@@ -267,6 +269,22 @@ class Communicator(Planning, Submitting):
         finally:
             if self._recorder is not None:
                 self._recorder.ran(plan.phases, plan.algorithm, options.label)
+
+    def _slowest(self, seconds: float) -> float:
+        """The largest of every rank's ``seconds`` (the plan check's windows: a check, so MPI's own allreduce,
+        nonblocking under ddl's deadline; past it, a peer gone, this rank's own and the check ends here)."""
+        from mpi4py import MPI
+
+        mine, out = np.array([seconds]), np.empty(1)
+        request = self._mpi.Iallreduce(mine, out, op=MPI.MAX)
+        deadline = time.monotonic() + self.options.timeout
+        while not request.Test():
+            if time.monotonic() > deadline:
+                failures.KEPT_AFTER_FAILURE.append((request, mine, out))  # MPI may still write into them
+                self.plan_check.enabled = False
+                return seconds
+            time.sleep(50e-6)
+        return float(out[0])
 
     def _doubt_probe(self, text: str) -> str:
         """Marks the probe's cached result for these hosts doubtful (when the plan came from it); says what was done."""

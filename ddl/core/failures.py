@@ -9,7 +9,7 @@ import time
 from ..errors import RankFailure, TransportError
 from . import flight, rollcall
 
-KEPT_AFTER_FAILURE: list = []  # MPI communicators of failed calls (see Communicator.close)
+KEPT_AFTER_FAILURE: list = []  # MPI communicators of failed calls (see Communicator.close), requests left pending
 
 
 def is_deadline(e: BaseException) -> bool:

@@ -3,8 +3,10 @@ far below what the plan predicts the job says so.
 
 A probe that read noise as structure, or a network that changed under a cached result, plans a job that runs at
 a fraction of what it could, and nothing else would tell the user. So on every communicator that plans over the
-network, rank 0 times its allreduces of each size from ``MIN_BYTES`` (after the first call of a size:
-connections and first touches) and compares the median of every ``SAMPLES`` of them with the plan's prediction
+network, every rank times its allreduces of each size from ``MIN_BYTES`` (after the first call of a size:
+connections and first touches) and compares the slowest rank's median of every ``SAMPLES`` of them (what a
+benchmark reports: a rank that waits less for its peers, as rank 0 may, sees a faster job than the one that
+runs) with the plan's prediction
 (its cost model, with the level figures it planned with): a job may start well and slow down when a neighbour
 starts. Below ``SLOW`` of the prediction, or of the lower bound where the plan predicted at least that much
 (the model is a few per cent optimistic: a job can miss the bound by more than the prediction), it warns, whatever
@@ -12,7 +14,9 @@ starts. Below ``SLOW`` of the prediction, or of the lower bound where the plan p
 were obtained; where those came from the probe's cache, the cached result is marked doubtful, and the next job
 over these hosts measures afresh instead of verifying it. With ``-dbg_level 1`` each size's first check is
 reported.
-Rank 0's own times decide: a check, not an agreement (nothing any rank does depends on it).
+The ranks combine their medians at the end of each window (the same call on every rank: they count the same
+calls), so every rank reaches the same verdict and stops timing together; rank 0 alone says it and marks the
+cache. A check, not an agreement: nothing any rank computes depends on it.
 """
 from __future__ import annotations
 
@@ -30,10 +34,14 @@ SIZES = 4  # sizes checked per communicator, at most
 
 class PlanCheck:
     """``explain(nbytes)``: the plan's Explanation for that size; ``doubt(text)``: what to do with a result the
-    check does not believe (mark the probe's cache); ``verbose``: report every check (-dbg_level 1)."""
+    check does not believe (mark the probe's cache); ``verbose``: report every check (-dbg_level 1);
+    ``slowest(seconds)``: the largest of every rank's median (a collective: every rank calls it at the same
+    window; this rank's alone without one); ``speaks``: this rank says what it found and doubts."""
 
-    def __init__(self, explain, doubt, verbose: bool, say=None, enabled: bool = True):
+    def __init__(self, explain, doubt, verbose: bool, say=None, enabled: bool = True, slowest=None,
+                 speaks: bool = True):
         self.explain, self.doubt, self.verbose, self.enabled = explain, doubt, verbose, enabled
+        self.slowest, self.speaks = slowest or (lambda seconds: seconds), speaks
         self.say = say or (lambda text: print(f"ddl: {text}", file=sys.stderr, flush=True))
         self.samples: dict[int, list[float]] = {}  # size -> this window's times (the first call left out)
         self.checked: dict[int, float] = {}  # size -> measured / predicted time, its last window
@@ -55,25 +63,28 @@ class PlanCheck:
         runs.append(seconds)
         if len(runs) < SAMPLES:
             return
-        measured = statistics.median(runs)
+        measured = self.slowest(statistics.median(runs))
         runs.clear()
         e = self.explain(nbytes)
         first_window = nbytes not in self.checked
         self.checked[nbytes] = measured / e.predicted
         reached = e.predicted / measured
         costs = ", ".join(f"{lv.name} {lv.costs}" for lv in e.plan.levels)
-        text = (f"plan check: allreduce of {format_size(nbytes)} took {measured * 1e3:.2f} ms (median of {SAMPLES}); "
+        text = (f"plan check: allreduce of {format_size(nbytes)} took {measured * 1e3:.2f} ms (the slowest rank's "
+                f"median of {SAMPLES}); "
                 f"the plan predicted {e.predicted * 1e3:.2f} ms, so it ran at {reached:.0%} of its prediction and "
                 f"{e.bound / measured:.0%} of the lower bound (level figures: {costs})")
         # slow: far below the prediction, or below SLOW of the lower bound where the plan expected to reach it
         short = reached < SLOW or (e.bound / measured < SLOW <= e.bound / e.predicted)
         if short and not self.warned:
-            self.warned = True
+            self.warned = True  # on every rank: they stop timing together
+            if not self.speaks:
+                return
             below = "the prediction" if reached < SLOW else f"{SLOW:.0%} of the lower bound, which the plan expected"
             self.say(f"{text}: far below {below}. The levels or their figures may be wrong (a probe misled "
                      f"by noise, a network changed since it was measured) or the hosts are busy; "
                      f"{self.doubt(text)}")
-        elif self.verbose and first_window:  # -dbg_level 1: each size's first window
+        elif self.verbose and first_window and self.speaks:  # -dbg_level 1: each size's first window
             self.say(text)
 
 

@@ -39,7 +39,7 @@ def test_a_run_far_below_its_prediction_is_said_once_and_doubted():
     check, said, doubted = checker(predicted=0.1)
     for s in [5.0] + [0.13, 0.2, 0.12, 0.15, 0.11]:  # median 0.13 s: 77 % of the prediction
         check.ran(2 * MIN_BYTES, s)
-    assert len(said) == 1 and "allreduce of 2 MiB took 130.00 ms (median of 5)" in said[0]
+    assert len(said) == 1 and "allreduce of 2 MiB took 130.00 ms (the slowest rank's median of 5)" in said[0]
     assert "ran at 77% of its prediction and 69% of the lower bound" in said[0]
     assert "level figures: leaf calibrated, spine probed" in said[0] and said[0].endswith("doubted")
     assert len(doubted) == 1
@@ -120,3 +120,29 @@ def test_a_doubted_cache_entry_is_measured_again(tmp_path, monkeypatch):
     assert cache.load(str(tmp_path), hosts)[0].doubtful == ""  # the new measurement replaces it
     assert "no result" in session.doubt_cached(["x", "y"], "why", env)
     assert "off" in session.doubt_cached(hosts, "why", {"DDL_PROBE_CACHE": "off"})
+
+
+def test_the_slowest_ranks_median_decides_and_only_the_speaker_says_it():
+    """This rank ran at the prediction, another rank at 70 % of it (slowest: the window's combined median): the
+    job is slow. Every rank reaches the verdict and stops timing; the rank that does not speak says nothing and
+    leaves the cache alone."""
+    combined = []
+
+    def slowest(seconds):
+        combined.append(seconds)
+        return max(seconds, 0.1 / 0.7)
+
+    for speaks in (True, False):
+        said, doubted = [], []
+        check = PlanCheck(lambda n: Told(Plan(LEVELS), 0.1, 0.09), lambda text: doubted.append(text) or "doubted",
+                          False, said.append, True, slowest, speaks)
+        for s in [1.0] + [0.1] * SAMPLES:
+            check.ran(MIN_BYTES, s)
+        assert combined[-1] == 0.1  # this rank's own median went in
+        assert check.warned and check.checked[MIN_BYTES] > 1.4
+        with check.timed(MIN_BYTES):  # timing has stopped: the call is not counted
+            pass
+        assert check.samples[MIN_BYTES] == []
+        assert (len(said), len(doubted)) == ((1, 1) if speaks else (0, 0))
+        if speaks:
+            assert "took 142.86 ms" in said[0] and "ran at 70% of its prediction" in said[0]
