@@ -3,17 +3,16 @@ far below what the plan predicts the job says so.
 
 A probe that read noise as structure, or a network that changed under a cached result, plans a job that runs at
 a fraction of what it could, and nothing else would tell the user. So on every communicator that plans over the
-network, every rank times its allreduces of each size from ``MIN_BYTES`` (after the first call of a size:
-connections and first touches) and compares the slowest rank's median of every ``SAMPLES`` of them (what a
-benchmark reports: a rank that waits less for its peers, as rank 0 may, sees a faster job than the one that
-runs) with the plan's prediction
-(its cost model, with the level figures it planned with): a job may start well and slow down when a neighbour
-starts. Below ``SLOW`` of the prediction, or of the lower bound where the plan predicted at least that much
-(the model is a few per cent optimistic: a job can miss the bound by more than the prediction), it warns, whatever
-``-dbg_level`` (once per communicator), naming the size, the times, the lower bound and how the level figures
-were obtained; where those came from the probe's cache, the cached result is marked doubtful, and the next job
-over these hosts measures afresh instead of verifying it. With ``-dbg_level 1`` each size's first check is
-reported.
+network, every rank times its allreduces of each size from ``MIN_BYTES`` (the whole call: agreement round,
+staging, run; the first call of a size left out: connections and first touches), and the slowest rank's median
+of every ``SAMPLES`` of them (what a benchmark reports: a rank that waits less for its peers, as rank 0 may,
+sees a faster job than the one that runs) is compared with the plan's prediction (its cost model, with the level
+figures it planned with): a job may start well and slow down when a neighbour starts. Below ``SLOW`` of the
+prediction, or of the lower bound where the plan predicted at least that much (the model is a few per cent
+optimistic: a job can miss the bound by more than the prediction), it warns, whatever ``-dbg_level`` (once per
+communicator), naming the size, the times, the lower bound and how the level figures were obtained; where those
+came from the probe's cache, the cached result is marked doubtful, and the next job over these hosts measures
+afresh instead of verifying it. With ``-dbg_level 1`` each size's first check is reported.
 The ranks combine their medians at the end of each window (the same call on every rank: they count the same
 calls), so every rank reaches the same verdict and stops timing together; rank 0 alone says it and marks the
 cache. A check, not an agreement: nothing any rank computes depends on it.

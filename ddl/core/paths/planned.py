@@ -59,9 +59,12 @@ class Planned:
         check = comm.options.check
         original = a.copy() if check is not None else a
         with comm.lock:
-            comm.agree(k.text, call.problem)
-            work, direct = work_buffer(a, out)
-            self.allreduce(work, k.dtype, k.op, k.text, k.factor)
+            # the plan check times the call as its caller sees it: the agreement round, staging and the run
+            # (the run alone was 5 % shorter on T1's 16 MiB: the round lines the ranks up first)
+            with comm.plan_check.timed(a.nbytes):
+                comm.agree(k.text, call.problem)
+                work, direct = work_buffer(a, out)
+                self.allreduce(work, k.dtype, k.op, k.text, k.factor)
             if check is not None:
                 check_against_mpi(comm.mpi_comm, comm.rank, comm.size, check, original, work, call.op, k.text)
         return deliver(work.reshape(a.shape), out, direct)
@@ -70,9 +73,8 @@ class Planned:
         """ddl's own allreduce of a contiguous 1-D buffer, in place, with no agreement round (the caller holds
         ``lock`` and has agreed)."""
         if flat.size:
-            with self.comm.plan_check.timed(flat.nbytes):
-                self.comm.execute(self.comm.allreduce_plan(flat.size, flat.itemsize), raw(flat),
-                                  self._options(text, dtype, op, factor))
+            self.comm.execute(self.comm.allreduce_plan(flat.size, flat.itemsize), raw(flat),
+                              self._options(text, dtype, op, factor))
 
     def _broadcast(self, call) -> np.ndarray:
         comm, a, out = self.comm, call.array, call.out
