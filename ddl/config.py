@@ -78,7 +78,7 @@ SETTINGS = {
                 "(ddl.explain names the path each call takes)"),
         Setting("DDL_SMALL_BYTES", "65536", "largest payload carried in the agreement round itself (latency path)"),
         Setting("DDL_REST", "100", "microseconds: while an asynchronous collective (DDP's buckets, a submitted "
-                "call) of at least 4 MiB waits on MPI over a level "
+                "call nobody waits for yet) of at least 4 MiB waits on MPI over a level "
                 "of 2.6 Gbit/s or slower links, its thread sleeps between polls (an eighth of the wait so far, at most this long) instead of spinning, "
                 "leaving the cores to the training beside it; 0: always spin"),
     )
