@@ -100,7 +100,6 @@ struct PyRunOptions {
   double factor = 1.0;            // result scaled by this (avg) once reduced
   nccl::Group* group = nullptr;   // staging: the GPU block at `device` runs through the (pinned) buffer
   uintptr_t device = 0;
-  bool beside_work = false;       // an asynchronous call: the run may rest while it waits (Executor.rest)
 };
 
 RunOptions native_options(const PyRunOptions& o) {
@@ -109,7 +108,6 @@ RunOptions native_options(const PyRunOptions& o) {
   opt.op = o.op;
   opt.timeout_s = o.timeout;
   opt.label = o.label;
-  opt.beside_work = o.beside_work;
   if (o.header) {
     opt.header_mode = true;
     opt.header[0] = *o.header;
@@ -432,10 +430,7 @@ PYBIND11_MODULE(_native, m) {
       .def_readonly("label", &PyRunOptions::label)
       .def_readonly("header", &PyRunOptions::header)
       .def_readonly("capacity", &PyRunOptions::capacity)
-      .def_readonly("factor", &PyRunOptions::factor)
-      .def_readwrite("beside_work", &PyRunOptions::beside_work,
-                     "The caller works while this run goes (an asynchronous call): a large run may rest while it "
-                     "waits (Executor.rest); set per run by the communicator.");
+      .def_readonly("factor", &PyRunOptions::factor);
 
   py::class_<Program>(m, "Program")
       .def(py::init(&program_from_rows), py::arg("rows"), py::arg("scratch_elems"), py::arg("tags"),
@@ -476,12 +471,12 @@ PYBIND11_MODULE(_native, m) {
         if (longest_s < 0 || from_bytes < 0) throw std::invalid_argument("rest: negative time or size");
         e.rest(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(longest_s)), from_bytes);
       }, py::arg("longest_s"), py::arg("from_bytes"),
-      "Runs of at least from_bytes beside the caller's work (RunOptions.beside_work) sleep between polls while "
-      "they wait (an eighth of the wait so far, at most longest_s; 0: never), giving the core to that work; "
-      "blocking and smaller runs keep polling.")
+      "Runs of at least from_bytes sleep between polls while they wait and no caller waits for them (an eighth "
+      "of the wait so far, at most longest_s; 0: never), giving the core to the caller's work; smaller runs, "
+      "and runs a caller waits for (caller_waits), keep polling.")
       .def_property_readonly("rests", &Executor::rests, "How many rests runs have taken so far.")
       .def("caller_waits", &Executor::caller_waits, py::arg("on"),
-           "A thread starts (True) or stops (False) waiting for a submitted run: while any waits, runs poll.")
+           "A caller starts (True) or stops (False) waiting for this executor's runs: while any waits, runs poll.")
       .def("take_spans", [](Executor& e) {
         int64_t dropped = 0;
         std::vector<RoundSpan> spans = e.take_spans(&dropped);

@@ -17,6 +17,7 @@ import queue
 import threading
 import weakref
 
+from .. import _native
 from ..errors import DDLError
 from .devices import is_device_array
 
@@ -150,7 +151,7 @@ class Submitting:
                                    f"MPI_THREAD_SERIALIZED (mpi4py asks for MPI_THREAD_MULTIPLE unless "
                                    f"mpi4py.rc.thread_level was lowered)")
             self._worker = Worker(f"ddl-collectives-rank{self.rank}")
-        executor = self._executor if hasattr(self._executor, "caller_waits") else None
+        executor = self._executor if isinstance(self._executor, _native.Executor) else None  # (None: alone)
         return self._worker.submit(name, fn, *args, executor=executor)
 
     def drain(self) -> None:

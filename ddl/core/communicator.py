@@ -33,7 +33,7 @@ from ..topology.probe.session import doubt_cached
 from ..topology.switches import switch_levels
 from . import bootstrap, devices, failures, flight, host, paths, timeline
 from .agreement import CAPACITY, Agreement, hash64
-from .asynchronous import Submitting, Worker
+from .asynchronous import Submitting, Worker, waiting_on
 from .calls import Calls, gathered_into
 from .diagnostics import CallTimer
 from .join import beside_joined, serve_until_all_joined
@@ -247,12 +247,14 @@ class Communicator(Planning, Submitting):
         """Runs a compiled pipeline on this communicator's executor (``_native.RunOptions``; ``out``: see
         _native.Executor.run; ``parts``: run_parts' arguments after the staged ``buffer``); returns whether every
         rank's header agreed (True without one). The caller holds ``lock`` and has agreed first."""
-        options.beside_work = self._worker is not None and self._worker.on_worker()  # asynchronous: may rest
+        submitted = self._worker is not None and self._worker.on_worker()
         try:
-            if parts is not None:
-                self._executor.run_parts(plan.native, buffer, *parts, options)
-                return True
-            return self._executor.run(plan.native, buffer, options, out)
+            # a blocking call's caller waits for its run (it polls); a submitted one's may work beside it
+            with waiting_on(None if submitted else self._executor):
+                if parts is not None:
+                    self._executor.run_parts(plan.native, buffer, *parts, options)
+                    return True
+                return self._executor.run(plan.native, buffer, options, out)
         except DDLError as e:
             failure = failures.name_failure(self, e, options.label, plan) if isinstance(e, RankFailure) else \
                 self._name_absent(e, options.label) if failures.is_deadline(e) else e

@@ -340,7 +340,7 @@ void Executor::run(const Plan& plan, void* buf, RunOptions& opt) {
     rec->start_ns = clock_ns();
   }
   try {
-    const bool resting = rest_longest_ > Clock::duration::zero() && opt.beside_work && opt.bytes >= rest_from_;
+    const bool resting = rest_longest_ > Clock::duration::zero() && opt.bytes >= rest_from_;
     Run(*t_, plan, static_cast<char*>(buf), opt, arena_, resting ? rest_longest_ : Clock::duration::zero(), rests_,
         waiting_)
         .go();

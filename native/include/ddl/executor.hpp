@@ -91,7 +91,6 @@ struct RunOptions {
   BlockHooks* hooks = nullptr;     // not owned
   std::vector<RoundSpan>* spans = nullptr;  // when set, one span per block round is appended (not owned)
   int64_t bytes = 0;               // the buffer's size, for the flight recorder
-  bool beside_work = false;        // an asynchronous call: it may rest while its caller works (Executor::rest)
 };
 
 // One run as the flight recorder keeps it (ddl.core.flight): its number on this executor (the same run has
@@ -125,15 +124,15 @@ class Executor {
   static constexpr size_t kMaxSpans = size_t{1} << 22;
   // The flight recorder: the last n runs in a ring (0: none). Two clock reads and a string copy per run.
   void keep_runs(size_t n) { ring_.assign(n, RunRecord{}); }
-  // Runs of at least `from_bytes` that run beside the caller's work (RunOptions::beside_work) rest between
-  // polls once they wait: an eighth of the time since anything last completed, at most `longest` (zero:
-  // never). Such a run's waits are long, on a slow link or behind ranks that share cores; a rest gives the
-  // core to the work beside it (backward) and delays noticing a completion by that eighth and the
-  // oversleep Linux adds (the timer slack, 50 us, and more where cores are shared). A blocking run, a
-  // smaller run, and any run while the caller waits for one (caller_waits) keep polling: then nothing of
-  // the caller's needs the core, and the wait is the caller's time.
+  // Runs of at least `from_bytes` rest between polls once they wait, while no caller waits for them: an
+  // eighth of the time since anything last completed, at most `longest` (zero: never). Such a run's waits
+  // are long, on a slow link or behind ranks that share cores; a rest gives the core to the caller's work
+  // beside it (backward) and delays noticing a completion by that eighth and the oversleep Linux adds (the
+  // timer slack, 50 us, and more where cores are shared). A smaller run, and any run while a caller waits
+  // (caller_waits: a blocking call's own thread, or one waiting for a submitted call), keep polling: then
+  // nothing of the caller's needs the core, and the wait is the caller's time.
   void rest(Clock::duration longest, int64_t from_bytes) { rest_longest_ = longest, rest_from_ = from_bytes; }
-  // The caller (another thread) starts or stops waiting for a submitted run; counted, as several may wait.
+  // A caller starts or stops waiting for this executor's runs; counted, as several threads may wait.
   void caller_waits(bool on) { waiting_.fetch_add(on ? 1 : -1, std::memory_order_relaxed); }
   int64_t rests() const { return rests_; }  // rests taken so far (a count: what the tests can check)
   std::vector<RunRecord> runs() const;  // oldest first
