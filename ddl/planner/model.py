@@ -182,15 +182,28 @@ def latency_phases(shape: Shape, levels, nbytes: float, payload: str = "whole") 
         j = i - fold
         carried = nbytes if not 0 <= j < pof2_rounds else nbytes / 2 ** (j + 1) if payload == "halving" else \
             nbytes / 2 ** (pof2_rounds - j) if payload == "gathering" else nbytes
-        sent = carried * shape.under[lvl]
         red = carried * c.gamma
-        ph = Phase(lvl, "recursive doubling", "recursive_doubling", 1, c.alpha + sent / c.bandwidth + red,
-                   c.alpha, carried, red)
+        ph = Phase(lvl, "recursive doubling", "recursive_doubling", 1,
+                   c.alpha + _crossing_seconds(shape, levels, lvl, carried) + red, c.alpha, carried, red)
         if out and out[-1].level == lvl:
             q = out.pop()
             ph = Phase(lvl, q.what, q.algorithm, q.rounds + 1, q.seconds + ph.seconds, q.latency + ph.latency,
                        q.link_bytes + ph.link_bytes, q.compute + ph.compute)
         out.append(ph)
+    return out
+
+
+def _crossing_seconds(shape: Shape, levels, lvl: int, carried: float) -> float:
+    """Wire time of a round at level ``lvl`` where every rank sends ``carried`` bytes: a child of that level
+    sends its ranks' bytes over its links, and on the way they leave every inner child through its uplink (a
+    node's NICs) or, for peer-linked children, their other links, as link_seconds counts them; the slowest
+    of these decides (an inner uplink thinner than the outer level's links is what the round waits for)."""
+    out = carried * shape.under[lvl] / levels[lvl].bandwidth
+    for k in range(lvl):
+        lv = levels[k]
+        width = lv.bandwidth if lv.via == "uplink" else lv.escape - lv.bandwidth
+        if width > 0:
+            out = max(out, carried * shape.under[k] / width)
     return out
 
 
