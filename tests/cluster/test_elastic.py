@@ -38,6 +38,7 @@ def test_a_lost_process_across_hosts_is_survived(tmp_path):
         np.testing.assert_allclose(got["w0"], -0.001 * (2.5 * 55 + 2 * 155), rtol=1e-5)
 
 
+@pytest.mark.full  # CI runs test_a_lost_process_across_hosts_is_survived
 def test_a_lost_host_ends_the_launch_and_the_job_goes_on_on_the_hosts_left(tmp_path):
     # the hosts a discovery script lists; the rank that takes node3 down with it strikes node3 off
     (tmp_path / "hosts").write_text("".join(f"node{i}:1\n" for i in range(4)))

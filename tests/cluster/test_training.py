@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.skipif(WHY is not None, reason=str(WHY)), pytest.mark.
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("suite", ["train/test_torch_backend.py", "train/test_torch_fsdp.py"])
+@pytest.mark.parametrize("suite", ["train/test_torch_backend.py",
+                                   pytest.param("train/test_torch_fsdp.py", marks=pytest.mark.full)])  # CI: DDP
 def test_torch_on_the_ddl_backend_across_two_racks(suite):
     pytest.importorskip("torch")
     done = subprocess.run([sys.executable, "-m", "ddl.tools.ddlrun", "--emulate", "2x2x1", sys.executable, "-m",

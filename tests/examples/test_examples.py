@@ -22,10 +22,13 @@ def test_import_ddl_from_the_repository_root():
     assert size == "1" and where == os.path.join(ROOT, "ddl", "__init__.py") and reduced.strip() == "[0.0, 1.0, 2.0]"
 
 
-# 2 and 4 ranks between them (CI's time is counted); Keras on tensorflow is tested in tests/train
+# 2 ranks in CI (its time is counted), 4 too in make test-all; Keras on tensorflow is tested in tests/train
 @pytest.mark.parametrize("script, backend, ranks", [
-    ("keras_digits.py", "torch", 2), ("torch_digits.py", "torch", 4), ("keras_jax_dataparallel.py", "jax", 2),
-    ("torch_fsdp.py", "torch", 2)])
+    pytest.param("keras_digits.py", "torch", 2, marks=pytest.mark.full),  # CI: docs/guides/keras.md's script
+    ("torch_digits.py", "torch", 2),
+    pytest.param("torch_digits.py", "torch", 4, marks=pytest.mark.full),
+    ("keras_jax_dataparallel.py", "jax", 2),
+    pytest.param("torch_fsdp.py", "torch", 2, marks=pytest.mark.full)])  # CI: docs/guides/fsdp.md's script
 def test_example_trains_and_rank_0_reports(script, backend, ranks):
     pytest.importorskip(backend)
     pytest.importorskip("sklearn")

@@ -100,7 +100,8 @@ def reference_weights(ranks: int, steps: int, seed: int = 42) -> float:
 
 @pytest.mark.parametrize("script, ranks, launcher", [
     ("pytorch_synthetic_benchmark.py", 2, [DDLRUN, "-np", "2", "--timeline-filename", "{tmp}/timeline.json"]),
-    ("pytorch_synthetic_benchmark_elastic.py", 4, [HOROVODRUN, "-np", "4", "--min-np", "2", "--max-np", "4"])])
+    pytest.param("pytorch_synthetic_benchmark_elastic.py", 4, [HOROVODRUN, "-np", "4", "--min-np", "2", "--max-np", "4"],
+                 marks=pytest.mark.full)])
 def test_synthetic_benchmark_ends_with_the_closed_references_weights(script, ranks, launcher, tmp_path):
     launcher = [w.format(tmp=tmp_path) for w in launcher]
     out = run(launcher + [sys.executable, os.path.join(EXAMPLES, script), *SMALL])
@@ -114,7 +115,8 @@ def test_synthetic_benchmark_ends_with_the_closed_references_weights(script, ran
         assert any(name.startswith("timeline") for name in os.listdir(tmp_path)), os.listdir(tmp_path)
 
 
-@pytest.mark.parametrize("ranks", [4])  # at 2 ranks under tensorflow: tests/train/test_horovod_keras.py
+@pytest.mark.full  # at 2 ranks under tensorflow in CI: tests/train/test_horovod_keras.py
+@pytest.mark.parametrize("ranks", [4])
 def test_tf_keras_mnist_trains_with_the_same_weights_everywhere(ranks):
     pytest.importorskip("tensorflow")
     out = run([DDLRUN, "-np", str(ranks), sys.executable, os.path.join(EXAMPLES, "tensorflow2_keras_mnist.py")],
