@@ -55,7 +55,8 @@ SETTINGS = {
                 "the network first; by default a few short rounds verify it and a stale one is measured again)"),
         Setting("DDL_PROBE_CACHE", "", "folder of probe results kept per set of hosts (default "
                 "~/.cache/ddl/probe; 'off': no cache)"),
-        Setting("DDL_PROBE_BUDGET", "5", "seconds the probe may spend measuring before it gives up (hosts-only tree)"),
+        Setting("DDL_PROBE_BUDGET", "5", "seconds the probe may spend measuring: past it, the groups its finished stages found stand under one "
+                "switch (none finished: hosts alone), and the next job measures again"),
         Setting("DDL_PROBE_RECORD", "", "a file the probe's first leader writes every round it measured to (the "
                 "flows asked for and their rates), so its grouping can be replayed (tests/unit/data/probe)"),
         Setting("DDL_PROBE_WINDOW", "16", "the probe pairs each host with at most this many neighbours in host "

@@ -8,7 +8,7 @@ from ddl.errors import DDLError
 from ddl.topology import discover
 from ddl.topology.probe import cache, cost, patterns, round_flows
 from ddl.topology.probe.grouping import Flow, group
-from ddl.topology.probe.result import Level, ProbeError, ProbeResult
+from ddl.topology.probe.result import BudgetSpent, Level, ProbeError, ProbeResult
 from ddl.topology.probe.schedule import unit_pairs
 from ddl.topology.probe.calibrate import calibrate
 from ddl.topology.probe.survey import survey
@@ -46,6 +46,43 @@ def test_found_tree_is_the_networks_under_noise(shape, seed):
     assert result.tree == tree
     assert len(result.levels) == (1 if shape == "flat switch" else len(uplinks) + 1)
     assert result.levels[0].bandwidth == pytest.approx(nic, rel=0.25)
+
+
+def _cut_after(measure, rounds: int):
+    """``measure`` whose budget runs out at its ``rounds``-th round, as the probe's leaders raise it."""
+    def run(pairs, index):
+        if index >= rounds:
+            raise BudgetSpent(f"probe: past its budget after {index + 1} rounds")
+        return measure(pairs, index)
+    return run
+
+
+@pytest.mark.parametrize("shape, settled", [
+    ("two racks, slower uplink", [1]), ("unequal racks", [1]),
+    # stage 1's cut leaves the racks under one switch: less structure than the network has, not a wrong level
+    ("three tiers", [1, 2])])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_budget_spent_keeps_the_stages_it_finished(shape, settled, seed):
+    """Cut at every round: before the first stage ends nothing stands (the probe fails, the job falls back to
+    hosts); after it, the groups found so far stand under one switch, marked doubtful for the next job."""
+    tree, nic, uplinks = SHAPES[shape]
+    hosts = hosts_of(tree)
+    whole = survey(hosts, Network.tree(tree, nic, uplinks, noise=0.2, seed=seed).measure(hosts))
+    assert whole.tree == tree
+    flattened = {1: [g for rack in tree for g in (rack if isinstance(rack[0], list) else [rack])], 2: tree}
+    outcomes = set()
+    for cut in range(whole.rounds):
+        net = Network.tree(tree, nic, uplinks, noise=0.2, seed=seed)
+        try:
+            got = survey(hosts, _cut_after(net.measure(hosts), cut))
+        except BudgetSpent:
+            outcomes.add(0)
+            continue
+        stood = next(k for k in settled if got.tree == flattened[k])  # StopIteration: a tree not allowed
+        outcomes.add(stood)
+        assert len(got.levels) == stood + 1 and got.levels[-1].groups == 1 and got.doubtful
+        assert any("past its budget" in n and "placed under one switch" in n for n in got.notes)
+    assert outcomes == {0, *settled}
 
 
 def test_levels_carry_the_measured_uplinks():

@@ -18,7 +18,7 @@ import numpy as np
 from ... import config
 from .calibrate import REPEATS as CALIBRATION_REPEATS, SECONDS as CALIBRATION_SECONDS, calibrate
 from .grouping import Flow
-from .result import ProbeError, ProbeResult, utc_now
+from .result import BudgetSpent, ProbeError, ProbeResult, utc_now
 from .schedule import DEFAULT_WINDOW, patterns
 from .survey import survey
 from .verify import Verdict, verify
@@ -117,8 +117,8 @@ class Leaders:
         _wait([self.comm.Iallgather(mine, seen)], self._deadline(),
               f"probe: a host did not report round {index} within {self.timeout:g} s")
         if seen[0, 2] > self.budget:  # leader 0's clock decides, so every leader stops at the same round
-            raise ProbeError(f"probe: past its budget of {self.budget:g} s after {index + 1} rounds "
-                             f"(DDL_PROBE_BUDGET)")
+            raise BudgetSpent(f"probe: past its budget of {self.budget:g} s after {index + 1} rounds "
+                              f"(DDL_PROBE_BUDGET)")
         return [Flow(index, s, d, float(seen[d, 0]), float(seen[s, 1])) for s, d in pattern]
 
     def calibrate(self, rounds_expected: int) -> None:
@@ -176,8 +176,11 @@ def probe(comm, rank_hosts: list[str], budget: float, timeout: float, window: in
         def size_flows(nbytes: float) -> int:  # (the same on every leader: it follows from the survey)
             loaded.nbytes = int(min(MAX_BYTES, max(MIN_BYTES, nbytes)))
             return loaded.nbytes
-        result = calibrate(result, hosts, record("calibration", loaded.round), size_flows,
-                           first_round=result.rounds)
+        try:
+            result = calibrate(result, hosts, record("calibration", loaded.round), size_flows,
+                               first_round=result.rounds)
+        except BudgetSpent as e:  # the same round on every leader: the survey's figures stand
+            result.notes.append(f"{e} while calibrating: the survey's figures stand")
         record.write(hosts, window, repeats, result)
         result.seconds = time.perf_counter() - started
         result.measured_at = utc_now()

@@ -15,6 +15,10 @@ class ProbeError(TopologyError):
     """The probe could not measure (a host that did not answer, the budget spent) or its cache is unusable."""
 
 
+class BudgetSpent(ProbeError):
+    """The probe's time budget ran out (DDL_PROBE_BUDGET): the stages it finished still stand."""
+
+
 @dataclass(frozen=True)
 class Level:
     """One level of the switch tree, innermost first: its children (hosts, then groups) reach each other at

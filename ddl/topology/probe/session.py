@@ -79,6 +79,9 @@ def survey_hosts(comm, rank_hosts: list[str], options, environ=os.environ) -> Ou
         return Outcome(None, f"failed: {e}" + (f" ({note})" if note else ""), time.perf_counter() - start, warning)
     if note:
         result.notes.append(note)
+    if result.doubtful:  # the budget cut the survey short: this job plans with what stands
+        warning = "; ".join(w for w in (warning, f"{result.doubtful.partition(': ')[2]}; the next job measures "
+                                                  f"again (a longer DDL_PROBE_BUDGET would let it finish)") if w)
     if folder != "off" and comm.rank == 0:
         written = _save(folder, result)
         if written:
