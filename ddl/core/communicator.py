@@ -144,7 +144,7 @@ class Communicator(Planning, Submitting):
         self.road = Road(paths.table(self), o.path, quick, self._native, self.drain,
                          self._timed if self._timer is not None or self._recorder is not None else None)
         # large allreduces timed against the plan's prediction, five calls at a time, the slowest rank's
-        # median deciding and rank 0 saying it (ddl.core.plan_check)
+        # mean deciding and rank 0 saying it (ddl.core.plan_check)
         self.plan_check = PlanCheck(lambda n: explain(self.plan_for(n), n), self._doubt_probe, o.dbg_level >= 1,
                                     enabled=mpi_comm is not None and len(set(self.hosts or ())) > 1,
                                     slowest=self._slowest, speaks=rank == 0)
