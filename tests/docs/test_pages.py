@@ -27,7 +27,12 @@ def test_the_pages_have_runnable_scripts():
     assert all(scripts(page) for page in RUNNABLE)
 
 
-@pytest.mark.parametrize("page, ranks", [(p, n) for p, counts in RUNNABLE.items() for n in counts])
+# Lightning's and Accelerate's page in make test-all only (CI's time; tests/train runs both trainers in CI)
+FULL = {"guides/lightning-accelerate.md"}
+
+
+@pytest.mark.parametrize("page, ranks", [pytest.param(p, n, marks=[pytest.mark.full] if p in FULL else [])
+                                         for p, counts in RUNNABLE.items() for n in counts])
 def test_each_script_runs(page, ranks, tmp_path):
     for module in NEEDS.get(page, ()):
         pytest.importorskip(module)

@@ -64,7 +64,7 @@ def parse(spec: str) -> dict[int, tuple[int, str]]:
     (4, "2@7:raise", [2]),             # a Python exception on one rank: it is ended, the others go on
     (4, "3@12,2@14,1@16", [3]),        # failures in a row, down to one rank: it finishes alone
     (4, "3@12,1@0:recovery", [3]),     # a second rank dies while the survivors recover from the first
-    (8, "5@12", [5]),
+    pytest.param(8, "5@12", [5], marks=pytest.mark.full),
 ])
 def test_survivors_roll_back_and_finish_with_the_closed_form(tmp_path, n, spec, first_failed):
     kills = parse(spec)

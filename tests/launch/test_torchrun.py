@@ -44,7 +44,7 @@ def by_hand(size: int, *args: str, env=None, timeout=120, started=None) -> list[
 
 @joins
 @pytest.mark.parametrize("kind", ["ddp", "fsdp"])
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [2, pytest.param(4, marks=pytest.mark.full)])  # CI: 2 (its time)
 def test_torchrun_trains_with_only_the_backend_name_changed(nproc, kind):
     done = torchrun(nproc, kind)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -61,7 +61,7 @@ def test_a_horovod_style_script_runs_under_torchrun():
 
 
 @joins
-@pytest.mark.parametrize("trainer", ["lightning", "accelerate"])
+@pytest.mark.parametrize("trainer", ["lightning", pytest.param("accelerate", marks=pytest.mark.full)])
 def test_the_trainers_run_on_ddl_under_torchrun(trainer):
     pytest.importorskip(trainer)
     done = torchrun(2, trainer)
