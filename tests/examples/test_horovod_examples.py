@@ -50,7 +50,8 @@ def synthetic_weights(text: str, ranks: int) -> float:
 
 @pytest.mark.parametrize("ranks, launcher", [
     (2, [DDLRUN, "-np", "2", "-H", "localhost:2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "1", "--gloo"]),
-    (4, [HOROVODRUN, "--num-proc", "4", "--mpi", "--hierarchical-allreduce"])])
+    pytest.param(4, [HOROVODRUN, "--num-proc", "4", "--mpi", "--hierarchical-allreduce"],
+                 marks=pytest.mark.full)])  # CI: horovodrun's command lines in tests/unit/test_launch.py
 def test_mnist_equals_one_process_on_the_global_batch(ranks, launcher):
     script = os.path.join(EXAMPLES, "pytorch_mnist.py")
     alone = run([sys.executable, script, "--batch-size", "32", "--lr", f"{0.025 * ranks}"])
