@@ -80,8 +80,8 @@ launch-subset: $(STAMP)
 mpi: $(STAMP)
 	cd tests && ../$(PY) mpi_suite.py --ranks $(if $(ALL),1 2 3 8,1 3)
 
-# What CI runs on the second MPI: 2 ranks, its transport under every test (the first MPI runs 1, 2, 3 and 8;
-# the algorithms' non-power-of-two paths do not depend on the MPI).
+# What CI runs on the second MPI: 2 ranks, its transport under every test (the first MPI runs 1 and 3, and 1, 2,
+# 3 and 8 in test-all; the algorithms' non-power-of-two paths do not depend on the MPI).
 mpi-subset: $(STAMP)
 	cd tests && ../$(PY) mpi_suite.py --ranks 2
 
