@@ -85,6 +85,29 @@ def test_a_budget_spent_keeps_the_stages_it_finished(shape, settled, seed):
     assert outcomes == {0, *settled}
 
 
+def test_a_survey_cut_short_warns_and_is_cached_as_doubtful(tmp_path, monkeypatch):
+    """The job that ran it plans with what stood and hears why; the next job measures again."""
+    from ddl.options import parse
+    from ddl.topology.probe import session
+
+    tree, nic, uplinks = SHAPES["three tiers"]
+    hosts = hosts_of(tree)
+    cut = survey(hosts, _cut_after(Network.tree(tree, nic, uplinks).measure(hosts), 40))
+    assert cut.doubtful and len(cut.levels) == 2  # stage 0's racks, cut in stage 1
+
+    class Alone:
+        rank = 0
+
+        def bcast(self, x, root=0):
+            return x
+
+    monkeypatch.setattr(session, "probe", lambda *a, **k: cut)
+    out = session.survey_hosts(Alone(), hosts, parse(""), {"DDL_PROBE_CACHE": str(tmp_path)})
+    assert out.result is cut and out.warning.startswith("past its budget")
+    assert "placed under one switch" in out.warning and "the next job measures again" in out.warning
+    assert "past its budget" in cache.load(str(tmp_path), sorted(hosts))[0].doubtful
+
+
 def test_levels_carry_the_measured_uplinks():
     tree, nic, uplinks = SHAPES["three tiers"]
     net = Network.tree(tree, nic, uplinks)

@@ -80,8 +80,9 @@ def survey_hosts(comm, rank_hosts: list[str], options, environ=os.environ) -> Ou
     if note:
         result.notes.append(note)
     if result.doubtful:  # the budget cut the survey short: this job plans with what stands
-        warning = "; ".join(w for w in (warning, f"{result.doubtful.partition(': ')[2]}; the next job measures "
-                                                  f"again (a longer DDL_PROBE_BUDGET would let it finish)") if w)
+        cut = result.doubtful.partition(": ")[2].removeprefix("probe: ")  # (said after "probe: ")
+        warning = "; ".join(w for w in (warning, f"{cut}; the next job measures again (a longer DDL_PROBE_BUDGET "
+                                                  f"would let it finish)") if w)
     if folder != "off" and comm.rank == 0:
         written = _save(folder, result)
         if written:
