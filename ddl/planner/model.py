@@ -194,17 +194,12 @@ def latency_phases(shape: Shape, levels, nbytes: float, payload: str = "whole") 
 
 
 def _crossing_seconds(shape: Shape, levels, lvl: int, carried: float) -> float:
-    """Wire time of a round at level ``lvl`` where every rank sends ``carried`` bytes: a child of that level
-    sends its ranks' bytes over its links, and on the way they leave every inner child through its uplink (a
-    node's NICs) or, for peer-linked children, their other links, as link_seconds counts them; the slowest
-    of these decides (an inner uplink thinner than the outer level's links is what the round waits for)."""
-    out = carried * shape.under[lvl] / levels[lvl].bandwidth
-    for k in range(lvl):
-        lv = levels[k]
-        width = lv.bandwidth if lv.via == "uplink" else lv.escape - lv.bandwidth
-        if width > 0:
-            out = max(out, carried * shape.under[k] / width)
-    return out
+    """Wire time of a round at level ``lvl`` where every rank sends ``carried`` bytes: the busiest resource
+    link_seconds finds for it (a child of that level sends its ranks' bytes over its links, and on the way they
+    leave every inner child through its uplink, or its other links where children are peer-linked): an inner
+    uplink thinner than the outer level's links is what the round waits for."""
+    crossing = Phase(lvl, "recursive doubling", "recursive_doubling", 1, 0.0, 0.0, carried * shape.under[lvl])
+    return max(link_seconds(shape, levels, [crossing]))
 
 
 def agreement_phases(shape: Shape, levels, nbytes: float, by_host: bool, payload: str = "whole") -> list[Phase]:
