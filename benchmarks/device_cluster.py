@@ -25,7 +25,7 @@ JOB = HERE / "device_cluster_job.py"
 NCCL = "NCCL alone (torch nccl)"
 
 
-def run(name: str, sizes: str, repeats: int, stand_ins: bool) -> dict:
+def run(name: str, sizes: str, repeats: int, stand_ins: bool, cases: str = None) -> dict:
     from ddl.cluster import Cluster
     from ddl.cluster import spec as emulate
 
@@ -44,6 +44,7 @@ def run(name: str, sizes: str, repeats: int, stand_ins: bool) -> dict:
             env["FAKE_NCCL_TIMEOUT"] = "600"
         out = cluster.workdir / "device.json"
         argv = [sys.executable, str(JOB), "--sizes", sizes, "--repeats", str(repeats), "--out", str(out)]
+        argv += ["--cases", cases] if cases else []
         done = cluster.mpirun(argv + (["--stand-ins"] if stand_ins else []), env=env, timeout=1200, capture=True,
                               quiet=True)
         if done.returncode:
@@ -79,9 +80,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="1M,32M")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--stand-ins", action="store_true", help="tests/fakes' CUDA and NCCL: no GPU needed")
+    ap.add_argument("--cases", help="DDL_NCCL_LEVELS settings to compare, e.g. all,all/4,2,1,auto (all/4: every "
+                    "level on NCCL in up to 4 blocks, a wavefront); default all, 1 and auto")
     ap.add_argument("--out", help="write the tables here (markdown)")
     args = ap.parse_args(argv)
-    tables = [table(run(name, args.sizes, args.repeats, args.stand_ins)) for name in args.topologies.split(",")]
+    tables = [table(run(name, args.sizes, args.repeats, args.stand_ins, args.cases)) for name in args.topologies.split(",")]
     text = "\n\n".join(tables)
     print(text)
     if args.out:

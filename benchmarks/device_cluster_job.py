@@ -22,6 +22,8 @@ import time
 import numpy as np
 
 CASES = {"ddl, NCCL at every level": "all", "ddl, NCCL in the node, staged above": "1", "ddl (auto)": "auto"}
+# --cases: DDL_NCCL_LEVELS settings instead (e.g. all,2,1,auto); "all/4": every level on NCCL in up to 4
+# blocks, a wavefront of NCCL group calls (ddl.gpu.path.MAX_BLOCKS; ddl's default is 1)
 NCCL = "NCCL alone (torch nccl)"
 
 
@@ -31,21 +33,29 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", required=True)
     ap.add_argument("--stand-ins", action="store_true")
+    ap.add_argument("--cases", help="DDL_NCCL_LEVELS settings to compare (default: all, 1 and auto)")
     args = ap.parse_args()
-    os.environ.setdefault("NCCL_HOSTID", socket.gethostname())  # ranks of one emulated node: one NCCL host
-
     from mpi4py import MPI
+
+    # NCCL refuses two ranks of one communicator on one GPU of one host: each rank is a host of its own to NCCL
+    # (the ranks of an emulated node then meet over sockets, as they must on one GPU)
+    os.environ.setdefault("NCCL_HOSTID", f"{socket.gethostname()}-{MPI.COMM_WORLD.rank}")
 
     from ddl.core.communicator import Communicator
     from ddl.units import parse_size
 
     world = MPI.COMM_WORLD
     device = Device(args.stand_ins, world)
-    comms = {}
-    for name, levels in CASES.items():
+    from ddl.gpu import path
+
+    chosen = CASES if not args.cases else {  # auto always runs: its choice is reported
+        "ddl (auto)" if s == "auto" else f"ddl, DDL_NCCL_LEVELS={s}": s for s in args.cases.split(",") + ["auto"]}
+    comms, cases = {}, {}
+    for name, setting in chosen.items():
+        levels, _, blocks = setting.partition("/")
         os.environ["DDL_NCCL_LEVELS"] = levels
         comms[name] = Communicator.from_mpi(world)
-    cases = {name: (lambda c: lambda x: c.allreduce(x, out=x))(c) for name, c in comms.items()}
+        cases[name] = call(comms[name], path, int(blocks) if blocks else path.MAX_BLOCKS)
     if device.torch is not None:
         cases[NCCL] = lambda x: device.dist.all_reduce(x)
     rows = []
@@ -77,6 +87,16 @@ def main() -> int:
     for c in comms.values():
         c.close()
     return 0
+
+
+def call(comm, path, max_blocks: int):
+    def run(x):
+        saved, path.MAX_BLOCKS = path.MAX_BLOCKS, max_blocks
+        try:
+            comm.allreduce(x, out=x)
+        finally:
+            path.MAX_BLOCKS = saved
+    return run
 
 
 class Device:

@@ -9,7 +9,11 @@ device allreduce of S bytes costs, per rank,
     executor reaches as much of a level's links, so staged levels get it too);
   - the staged levels above: the shard copied to pinned host memory and back over PCIe, and ddl's host plan
     among the members of a position (each level a reduce-scatter and an allgather at its alpha and bandwidth,
-    the figures the planner uses, probed or calibrated where the probe ran, reduced by the CPU).
+    the figures the planner uses, probed or calibrated where the probe ran, reduced by the CPU). The host plan
+    runs its levels as a pipeline of blocks (as many as cost least): one block's trip through every level, then a
+    block per step of the slowest level; NCCL's levels run one after another. (On the emulated T2 with an H200,
+    2026-11-28: the rack and spine levels staged took 0.94 of the bound at 32 MiB, on NCCL 0.54, though each
+    level alone is no faster on MPI: the staged levels overlap, NCCL's do not.)
 Above the innermost level a child's links (a node's NICs) carry the shards of every rank inside it at once.
 Inside a host, NCCL's link is NVLink where the level says so, else PCIe (a host level's own link, shared memory or
 the CPUs' bus, is what the staged path uses); across hosts it is the level's network link. The model is priced at
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..planner.model import Shape
+from ..planner.model import MIN_BLOCK_BYTES, Shape
 from ..topology import links
 from ..units import format_size
 from .groups import level_groups, nccl_levels
@@ -31,6 +35,7 @@ NCCL_EFFICIENCY = 0.92
 HOST_EFFICIENCY = 0.92  # ddl's executor on a level's links: 0.90-0.94 of the bound measured (docs/benchmarks.md)
 COPY_LINK = "pcie4"  # host <-> device copies of the staged levels, and NCCL inside a host without NVLink
 HOST_LINKS = ("shm", "xbus", "upi")
+STAGING_GAIN = 0.02
 
 
 def nccl_link(link: str) -> tuple[str, float]:
@@ -90,25 +95,44 @@ def _nccl_seconds(cost, g: int, nbytes: float, share: int) -> float:
     return 2 * (NCCL_CALL + (g - 1) * NCCL_HOP[family] + nbytes * (g - 1) / g / bw)
 
 
-def _host_seconds(cost, g: int, nbytes: float, share: int) -> float:
+def _host_stage(cost, g: int, nbytes: float, share: int) -> tuple[float, float]:
+    """(latency, seconds that shrink with the block) of one staged level's reduce-scatter and allgather."""
     moved = nbytes * (g - 1) / g
-    return 2 * ((g - 1) * cost.alpha + moved * share / (cost.bandwidth * HOST_EFFICIENCY)) \
-        + moved * links.REDUCE_SECONDS_PER_BYTE["cpu"]
+    return 2 * (g - 1) * cost.alpha, \
+        2 * moved * share / (cost.bandwidth * HOST_EFFICIENCY) + moved * links.REDUCE_SECONDS_PER_BYTE["cpu"]
+
+
+def _host_seconds(stages: list[tuple[float, float]], nbytes: float) -> float:
+    """The staged levels as ddl's host executor runs them: blocks through every level, a pipeline whose step is
+    its slowest level (as ddl.planner.model.pipelined; latency does not shrink with the block), in as many
+    blocks as cost least (as the planner chooses them, from blocks of MIN_BLOCK_BYTES up)."""
+    def pipeline(blocks: int) -> float:
+        trip = sum(latency + seconds / blocks for latency, seconds in stages)
+        step = max(max(seconds for _, seconds in stages) / blocks, max(latency for latency, _ in stages))
+        return trip + (blocks - 1) * step
+
+    if not stages:
+        return 0.0
+    most = max(1, int(nbytes // MIN_BLOCK_BYTES))
+    return min(pipeline(1 << k) for k in range(most.bit_length()) if 1 << k <= most)
 
 
 def model(costs: list, sizes: list[int], m: int, nbytes: float) -> float:
     """Seconds of a device allreduce of ``nbytes`` with the innermost ``m`` levels on NCCL. Above the innermost
     level a child's links (a node's NICs) are shared by the ranks inside it, each with its own shard."""
-    seconds, shard, share = 0.0, float(nbytes), 1
+    seconds, staged, staged_bytes, shard, share = 0.0, [], 0.0, float(nbytes), 1
     for j, (cost, g) in enumerate(zip(costs, sizes)):
-        if j == m and g > 1:  # the first staged level: the shard goes to the host and back
-            copy = links.kind(COPY_LINK)
-            seconds += 2 * (copy.latency * 1e-6 + shard / (copy.bandwidth * 1e9))
-        if g > 1:
-            seconds += _nccl_seconds(cost, g, shard, share) if j < m else _host_seconds(cost, g, shard, share)
+        if g > 1 and j < m:
+            seconds += _nccl_seconds(cost, g, shard, share)
+        elif g > 1:
+            if not staged:  # the first staged level: the shard goes to the host and back
+                copy = links.kind(COPY_LINK)
+                seconds += 2 * (copy.latency * 1e-6 + shard / (copy.bandwidth * 1e9))
+                staged_bytes = shard
+            staged.append(_host_stage(cost, g, shard, share))
         shard /= g
         share *= g
-    return seconds
+    return seconds + _host_seconds(staged, staged_bytes)
 
 
 def choose_levels(tree, costs: list, setting: str, nbytes: int = REFERENCE_BYTES) -> DeviceLevels:
@@ -121,7 +145,10 @@ def choose_levels(tree, costs: list, setting: str, nbytes: int = REFERENCE_BYTES
     if costs and len(costs) != len(sizes):  # (a tree deeper than its priced levels: the rest like the outermost)
         costs = (costs + [costs[-1]] * len(sizes))[:len(sizes)]
     seconds = {m: model(costs, sizes, m, REFERENCE_BYTES) for m in range(regular + 1)} if costs else {}
-    chosen = min(seconds, key=lambda m: (seconds[m], -m)) if seconds else None
+    # the most levels on NCCL within STAGING_GAIN of the cheapest: staging costs what the model leaves out (the
+    # CPU's cycles beside the training step, pinned memory), so it must win clearly
+    best = min(seconds.values(), default=0.0)
+    chosen = max((m for m, t in seconds.items() if t <= best * (1 + STAGING_GAIN)), default=None)
     m = nccl_levels(setting, regular, chosen)
     plans, shard = [], float(nbytes)
     for j, g in enumerate(sizes):

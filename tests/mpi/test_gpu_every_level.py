@@ -73,8 +73,8 @@ def logged(run, directory):
 def test_each_level_carries_what_the_plan_says_and_nothing_is_staged(fakes, blocks):
     n = 1 << 18  # float32: 1 MiB, a multiple of every level's groups
     comm = communicator("all")
-    saved = path_module.PIPELINE_BYTES
-    path_module.PIPELINE_BYTES = (n * 4) // blocks if blocks > 1 else 1 << 40
+    saved = path_module.PIPELINE_BYTES, path_module.MAX_BLOCKS
+    path_module.PIPELINE_BYTES, path_module.MAX_BLOCKS = (n * 4) // blocks, blocks
     try:
         x = np.full(n, RANK + 1, np.float32)
         comm.allreduce(FakeDeviceArray(x), out=FakeDeviceArray(x))  # makes the groups
@@ -99,7 +99,7 @@ def test_each_level_carries_what_the_plan_says_and_nothing_is_staged(fakes, bloc
         carried = [sum(c * s * (m - 1) for _, m, c, s in calls) for calls in levels]
         assert carried == [lv.sends for lv in plan.levels]
     finally:
-        path_module.PIPELINE_BYTES = saved
+        path_module.PIPELINE_BYTES, path_module.MAX_BLOCKS = saved
         comm.close()
 
 

@@ -83,15 +83,15 @@ def comm(request):
     c = Communicator.from_mpi(COMM, parse("-timeout 60"), hierarchy=hierarchy(layout))
     # another now: the levels are the communicator's, read as it was made, not at its first device call
     os.environ["DDL_NCCL_LEVELS"] = "auto" if layout == "staged" else "0"
-    blocks = path_module.PIPELINE_BYTES
-    path_module.PIPELINE_BYTES = 1 << 20  # (the wavefront from 2 MiB)
+    blocks, most = path_module.PIPELINE_BYTES, path_module.MAX_BLOCKS
+    path_module.PIPELINE_BYTES, path_module.MAX_BLOCKS = 1 << 20, 4  # (the wavefront from 2 MiB)
     x = np.ones(1, np.float32)
     c.allreduce(FakeDeviceArray(x), out=FakeDeviceArray(x))
     path = c.road.named("device")._paths[0]
     sizes = [g.nranks if g is not None else 1 for g in path.groups]
     assert sizes == nccl_groups(layout), f"{layout}: NCCL groups of {sizes} ranks, not {nccl_groups(layout)}"
     yield c
-    path_module.PIPELINE_BYTES = blocks
+    path_module.PIPELINE_BYTES, path_module.MAX_BLOCKS = blocks, most
     c.close()
 
 

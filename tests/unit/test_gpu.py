@@ -147,6 +147,27 @@ def test_the_cost_model_puts_network_levels_on_nccl_and_says_what_each_carries()
     assert "node (2 per group): nccl, 32 MiB sent per rank" in staged.text() and "DDL_NCCL_LEVELS=1" in staged.text()
 
 
+def test_a_thin_uplink_above_the_node_is_staged_where_the_host_plan_overlaps_the_levels():
+    from ddl.gpu.levels import choose_levels, model
+    from ddl.topology.costs import LevelCost
+
+    node = LevelCost("node", "shm", 3e-6, 4e9, 1 / 4e9, "peer")
+    nic, uplink = 125e6, 62.5e6  # bytes/s: the emulated T2's 1 Gbit/s NICs, 500 Mbit/s between its racks
+    t2 = [node, LevelCost("rack", "veth", 62e-6, nic, 1 / 4e9), LevelCost("spine", "veth", 62e-6, uplink, 1 / 4e9)]
+    racks = [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    # NCCL's levels run one after another: the rack level's NICs, then the uplink (4 ranks' 8 MiB shards)
+    s = 32 << 20
+    rack, spine = 2 * (s / 4) * 2 / (nic * 0.92), 2 * (s / 8) * 4 / (uplink * 0.92)
+    assert model(t2, [2, 2, 2], 3, s) > rack + spine
+    # staged, ddl's host plan pipelines its blocks through both: about the uplink's time alone
+    staged = model(t2, [2, 2, 2], 1, s)
+    assert spine < staged < 1.1 * spine and model(t2, [2, 2, 2], 3, s) > 1.4 * staged
+    assert choose_levels(racks, t2, "auto").nccl == 1  # measured on an H200: 1.81x NCCL alone; every level 0.80x
+    # T1 (one switch, NICs alike): nothing to overlap, NCCL at both levels
+    t1 = [node, LevelCost("switch", "veth", 62e-6, nic, 1 / 4e9)]
+    assert choose_levels([[0, 1], [2, 3], [4, 5], [6, 7]], t1, "auto").nccl == 2
+
+
 @pytest.mark.parametrize("count,g", [(0, 4), (1, 4), (10, 4), (12, 4), (7, 1), (1000003, 8)])
 def test_shards_cover_the_buffer_once(count, g):
     blocks = [gpu.shard(count, g, k) for k in range(g)]
