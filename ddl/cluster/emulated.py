@@ -359,11 +359,11 @@ class Cluster:
         if not self._up:
             raise ClusterError(f"cluster {self.name!r} is not up")
         per_host = {h: self.rank_hosts.count(h) for h in dict.fromkeys(self.rank_hosts)}
-        exe = str(Path(python or sys.executable).with_name("torchrun"))
+        torchrun = [python or sys.executable, "-m", "torch.distributed.run"]  # (torch may sit in another environment)
         extra = {**mpirun.mpich_tcp_env(mpich_tcp, "eth0"), **(env or {})}
         endpoint = f"{self.address(next(iter(per_host)))}:{port}"
         logs = {h: (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for h in per_host}
-        procs = {h: subprocess.Popen(self.exec_argv(h, [exe, "--nnodes", str(len(per_host)), "--nproc-per-node",
+        procs = {h: subprocess.Popen(self.exec_argv(h, [*torchrun, "--nnodes", str(len(per_host)), "--nproc-per-node",
                                                         str(n), "--rdzv-backend", "c10d", "--rdzv-endpoint",
                                                         endpoint, "--rdzv-id", self.name, *argv]),
                                      env={**os.environ, **extra}, stdout=logs[h][0], stderr=logs[h][1],

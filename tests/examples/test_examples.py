@@ -34,7 +34,9 @@ def test_example_trains_and_rank_0_reports(script, backend, ranks):
     pytest.importorskip("sklearn")
     # as after `source .venv-openmpi/bin/activate`
     env = {**os.environ, "KERAS_BACKEND": backend, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    done = subprocess.run([DDLRUN, "-np", str(ranks), "python", f"examples/{script}"],
+    # (JAX's example: 5 epochs of its 15 reach 0.91 held out; most of its time is JAX's start and compiling)
+    args = ["--epochs", "5"] if backend == "jax" else []
+    done = subprocess.run([DDLRUN, "-np", str(ranks), "python", f"examples/{script}", *args],
                           capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     reports = re.findall(r"(?:ranks|processes) (\d+): test accuracy ([0-9.]+)", done.stdout)

@@ -14,14 +14,14 @@ pytest.importorskip("torch")
 pytest.importorskip("mpi4py.MPI")
 from ddl.core import bootstrap  # noqa: E402
 
-TORCHRUN = os.path.join(sys.prefix, "bin", "torchrun")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # torchrun, wherever torch is installed
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrun_job.py")
 JOINS = bootstrap.can_join()
 joins = pytest.mark.skipif(not JOINS, reason="separately started processes join only on MPICH 4")
 
 
 def torchrun(nproc: int, *args: str, flags=(), env=None, timeout=240) -> subprocess.CompletedProcess:
-    return subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), *flags, JOB, *args],
+    return subprocess.run([*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), *flags, JOB, *args],
                           capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
@@ -61,7 +61,9 @@ def test_a_horovod_style_script_runs_under_torchrun():
 
 
 @joins
-@pytest.mark.parametrize("trainer", ["lightning", pytest.param("accelerate", marks=pytest.mark.full)])
+# test-all: CI runs both trainers under ddlrun (tests/train/test_trainers.py) and DDP and FSDP2 under torchrun here
+@pytest.mark.parametrize("trainer", [pytest.param("lightning", marks=pytest.mark.full),
+                                     pytest.param("accelerate", marks=pytest.mark.full)])
 def test_the_trainers_run_on_ddl_under_torchrun(trainer):
     pytest.importorskip(trainer)
     done = torchrun(2, trainer)
