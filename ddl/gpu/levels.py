@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..planner.model import MIN_BLOCK_BYTES, Shape
+from ..planner.choice import best_blocks
+from ..planner.model import Phase, Shape, pipelined
 from ..topology import links
 from ..units import format_size
 from .groups import level_groups, nccl_levels
@@ -95,26 +96,22 @@ def _nccl_seconds(cost, g: int, nbytes: float, share: int) -> float:
     return 2 * (NCCL_CALL + (g - 1) * NCCL_HOP[family] + nbytes * (g - 1) / g / bw)
 
 
-def _host_stage(cost, g: int, nbytes: float, share: int) -> tuple[float, float]:
-    """(latency, seconds that shrink with the block) of one staged level's reduce-scatter and allgather."""
+def _host_phase(j: int, cost, g: int, nbytes: float, share: int) -> Phase:
+    """One staged level's reduce-scatter and allgather as the planner's model has them: whole-buffer seconds
+    (the wire and the CPU's reducing, counted as one stage), the latency every block pays."""
     moved = nbytes * (g - 1) / g
-    return 2 * (g - 1) * cost.alpha, \
-        2 * moved * share / (cost.bandwidth * HOST_EFFICIENCY) + moved * links.REDUCE_SECONDS_PER_BYTE["cpu"]
+    latency = 2 * (g - 1) * cost.alpha
+    return Phase(j, "allreduce", "ring", 2 * (g - 1), latency + 2 * moved * share / (cost.bandwidth * HOST_EFFICIENCY)
+                 + moved * links.REDUCE_SECONDS_PER_BYTE["cpu"], latency, 2 * moved)
 
 
-def _host_seconds(stages: list[tuple[float, float]], nbytes: float) -> float:
-    """The staged levels as ddl's host executor runs them: blocks through every level, a pipeline whose step is
-    its slowest level (as ddl.planner.model.pipelined; latency does not shrink with the block), in as many
-    blocks as cost least (as the planner chooses them, from blocks of MIN_BLOCK_BYTES up)."""
-    def pipeline(blocks: int) -> float:
-        trip = sum(latency + seconds / blocks for latency, seconds in stages)
-        step = max(max(seconds for _, seconds in stages) / blocks, max(latency for latency, _ in stages))
-        return trip + (blocks - 1) * step
-
-    if not stages:
+def _host_seconds(ph: list[Phase], nbytes: float, network: bool) -> float:
+    """The staged levels as ddl's host executor runs them: a pipeline of blocks through every level, each
+    level's links its own resource, in the blocks the planner would choose (ddl.planner: pipelined, best_blocks)."""
+    if not ph:
         return 0.0
-    most = max(1, int(nbytes // MIN_BLOCK_BYTES))
-    return min(pipeline(1 << k) for k in range(most.bit_length()) if 1 << k <= most)
+    busy = [p.seconds - p.latency for p in ph]
+    return pipelined(ph, best_blocks(ph, busy, int(nbytes), None, network), busy)
 
 
 def model(costs: list, sizes: list[int], m: int, nbytes: float) -> float:
@@ -129,10 +126,11 @@ def model(costs: list, sizes: list[int], m: int, nbytes: float) -> float:
                 copy = links.kind(COPY_LINK)
                 seconds += 2 * (copy.latency * 1e-6 + shard / (copy.bandwidth * 1e9))
                 staged_bytes = shard
-            staged.append(_host_stage(cost, g, shard, share))
+            staged.append(_host_phase(j, cost, g, shard, share))
         shard /= g
         share *= g
-    return seconds + _host_seconds(staged, staged_bytes)
+    network = any(costs[p.level].via == "uplink" for p in staged)
+    return seconds + _host_seconds(staged, staged_bytes, network)
 
 
 def choose_levels(tree, costs: list, setting: str, nbytes: int = REFERENCE_BYTES) -> DeviceLevels:

@@ -114,7 +114,7 @@ def choose(tree, levels, nbytes: int, forced: tuple[str, ...] = (), block_bytes:
     algos = tuple(picks)
     ph = phases(shape, levels, algos, nbytes)
     busy = link_seconds(shape, levels, ph)
-    blocks = _blocks(ph, busy, nbytes, block_bytes, any(lv.via == "uplink" for lv in levels))
+    blocks = best_blocks(ph, busy, nbytes, block_bytes, any(lv.via == "uplink" for lv in levels))
     hier = pipelined(ph, blocks, busy)
     if set(forced) == {"auto"} and shape.depth > 1 and pipelined(latency_phases(shape, levels, nbytes), 1) < hier:
         return Plan(tree, levels, ("recursive_doubling",) * shape.depth, "latency", max(1, nbytes), 1)
@@ -130,7 +130,9 @@ def _level_cost(shape, levels, lvl, algo, nbytes) -> float:
     return sum(p.seconds for p in phases(shape, levels, algos, nbytes) if p.level == lvl)
 
 
-def _blocks(ph: list[Phase], busy: list[float], nbytes: int, block_bytes: int | None, network: bool) -> int:
+def best_blocks(ph: list[Phase], busy: list[float], nbytes: int, block_bytes: int | None, network: bool) -> int:
+    """How many pipeline blocks the phases ``ph`` of ``nbytes`` run in: ``block_bytes`` where forced; across a
+    network and large, blocks of MAX_BLOCK_BYTES; else the cheapest power of two by ``pipelined``."""
     if block_bytes:
         return max(1, -(-nbytes // block_bytes))
     if network and nbytes > MAX_BLOCKS * MAX_BLOCK_BYTES:
