@@ -29,6 +29,8 @@ class DeviceBuffer:
 
 class Executor:
     @staticmethod
+    def tcp(transport: TcpTransport) -> Executor: ...
+    @staticmethod
     def mpi(comm: Any, yield_when_idle: bool = ...) -> Executor: ...
     @staticmethod
     def loopback(hub: LoopbackHub, rank: int) -> Executor: ...
@@ -191,6 +193,14 @@ class StepKind(Enum):
     send = 0
     recv_reduce = 1
     recv_copy = 2
+
+class TcpTransport:
+    def __init__(self, rank: int, size: int, bind_address: str = ..., yield_when_idle: bool = ...) -> None: ...
+    @property
+    def port(self) -> int: ...
+    def connect(self, addresses: list[list[str]], ports: list[int], nonce: int, timeout_s: float) -> None: ...
+    @staticmethod
+    def local_addresses() -> list[tuple[str, str]]: ...
 
 STEP_FIELDS: tuple[str, ...]
 

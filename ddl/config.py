@@ -77,6 +77,11 @@ SETTINGS = {
         Setting("DDL_PATH", "", "force one path of every collective's road (tests and benchmarks): device, alone, "
                 "host memory, riding or planned; a call that path cannot take follows the usual order "
                 "(ddl.explain names the path each call takes)"),
+        Setting("DDL_TRANSPORT", "auto", "how ranks on different hosts talk: auto (ddl's own TCP connections where "
+                "a communicator spans several hosts, up to 256 ranks, outside elastic jobs; else MPI), mpi, tcp "
+                "(ddl's TCP wherever there are several ranks)"),
+        Setting("DDL_TCP_IFACE", "", "the network interface ddl's TCP connections between hosts use (default: any "
+                "address a peer has that this rank has not)"),
         Setting("DDL_SMALL_BYTES", "65536", "largest payload carried in the agreement round itself (latency path)"),
         Setting("DDL_REST", "100", "microseconds: while an asynchronous collective (DDP's buckets, a submitted "
                 "call nobody waits for yet) of at least 4 MiB waits on MPI over a level "

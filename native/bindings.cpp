@@ -16,6 +16,7 @@
 #include "ddl/mpi_transport.hpp"
 #include "ddl/parts.hpp"
 #include "ddl/staging.hpp"
+#include "ddl/tcp_transport.hpp"
 
 namespace py = pybind11;
 using namespace ddl;
@@ -447,7 +448,21 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<int>(), py::arg("size"))
       .def_property_readonly("size", &LoopbackHub::size);
 
+  py::class_<TcpTransport, std::shared_ptr<TcpTransport>>(m, "TcpTransport",
+      "ddl's own TCP connections between ranks (ddl.core.tcp sets them up); listening from construction.")
+      .def(py::init<int, int, const std::string&, bool>(), py::arg("rank"), py::arg("size"),
+           py::arg("bind_address") = "", py::arg("yield_when_idle") = false)
+      .def_property_readonly("port", &TcpTransport::port)
+      .def("connect", &TcpTransport::connect, py::arg("addresses"), py::arg("ports"), py::arg("nonce"),
+           py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+           "Connects to every peer (addresses[p]: rank p's candidates, in order; ports[p] its port); lower ranks "
+           "are dialed, higher ones accepted; both sides check the job's nonce.")
+      .def_static("local_addresses", &TcpTransport::local_addresses,
+                  "This machine's IPv4 addresses but loopback: (interface, address).");
+
   py::class_<Executor>(m, "Executor")
+      .def_static("tcp", [](std::shared_ptr<TcpTransport> t) { return std::make_unique<Executor>(std::move(t)); },
+                  py::arg("transport"), "Executor over connected TcpTransport.")
       .def_static("mpi", [](py::handle comm, bool yield_when_idle) {
         if (import_mpi4py() < 0) throw py::error_already_set();
         MPI_Comm* c = PyMPIComm_Get(comm.ptr());

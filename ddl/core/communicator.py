@@ -31,7 +31,7 @@ from ..topology import Topology, discover
 from ..topology import tree as hierarchical
 from ..topology.probe.session import doubt_cached
 from ..topology.switches import switch_levels
-from . import bootstrap, devices, failures, flight, host, paths, timeline
+from . import bootstrap, devices, failures, flight, host, paths, tcp, timeline
 from .agreement import CAPACITY, Agreement, hash64
 from .asynchronous import Submitting, Worker, waiting_on
 from .calls import Calls, gathered_into
@@ -99,7 +99,10 @@ class Communicator(Planning, Submitting):
         # over every rank); users and the per-level collectives read nested lists.
         self._plan_tree, self.tree = choice.tree, hierarchical.nested(choice.tree)
         self.tree_source = choice.source
-        if executor is not None:
+        self.over_tcp = executor is not None and executor.transport == "tcp"  # ddl's own sockets (ddl.core.tcp)
+        if self.over_tcp:  # its waits are event-driven: any run nobody waits for may block until bytes move
+            executor.rest(o.rest * 1e-6, 0)
+        elif executor is not None:
             executor.rest(rest_seconds(self.levels, o), REST_FROM_BYTES)
         self.hierarchy = self.tree if hierarchical.depth(self.tree) >= 2 else None
         self._grid = grid_of(self.tree)  # the ranks as coordinates: what broadcast, allgather, reduce_scatter follow
@@ -166,7 +169,12 @@ class Communicator(Planning, Submitting):
         options = options or parse()
         reports, where = discover.exchange(dup, by_name=bootstrap.joined_through is not None)
         probed = switch_levels(dup, reports, options, hierarchy, topology)
-        executor = _native.Executor.mpi(dup, yield_when_idle=_mpi_spins()) if dup.size > 1 else None
+        hosts = [r["host"] for r in reports] if reports else None
+        executor = None
+        if tcp.wanted(dup.size, hosts):  # ddl's own sockets across hosts (ddl.core.tcp)
+            executor = tcp.executor(dup, hosts or [""] * dup.size, options.timeout, yield_when_idle=True)
+        elif dup.size > 1:
+            executor = _native.Executor.mpi(dup, yield_when_idle=_mpi_spins())
         return cls(executor, dup.rank, dup.size, options, mpi_comm=dup, local=where,
                    hierarchy=hierarchy, topology=topology, reports=reports, probed=probed)
 

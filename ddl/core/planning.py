@@ -30,7 +30,7 @@ def default_block_bytes(nbytes: int) -> int:
 
 class Planning:
     """The communicator's ``_plan_tree``, ``levels``, ``options``, ``plans`` (a PlanCache) and ``_chosen``, ``_forced``,
-    ``_algos``, ``_grid`` are what these read."""
+    ``_algos``, ``_grid`` and ``over_tcp`` are what these read."""
 
     def plan_for(self, nbytes: int) -> Plan:
         """The plan an allreduce of ``nbytes`` follows (the same on every rank), chosen once per size."""
@@ -42,7 +42,7 @@ class Planning:
             try:
                 plan = choose(self._plan_tree, self.levels, nbytes, self._algos,
                               o.segment or (default_block_bytes(nbytes) if flat else None),
-                              o.inflight or (2 if flat else None))
+                              o.inflight or (2 if flat else None), tcp=self.over_tcp)
             except ValueError as e:
                 raise DDLError(f"rank {self.rank}: {e}") from None
             if len(self._chosen) > KEPT:
@@ -120,9 +120,13 @@ class Planning:
         return self.road.route(describe[collective]())
 
     def _transport(self) -> str:
-        """Every level's messages go over MPI point-to-point (NCCL's levels say so in their "via" column)."""
+        """Every level's messages go over MPI point-to-point or ddl's own TCP connections (NCCL's levels say so in
+        their "via" column)."""
         if self._mpi is None:
             return ""
         how = ("the ranks joined through the launcher's store (no MPI launcher)" if bootstrap.joined_through
                else "the ranks started by an MPI launcher")
+        if self.over_tcp:
+            return (f"ddl's TCP connections between ranks (DDL_TRANSPORT; set up over {bootstrap.mpi_library()}), "
+                    f"{how}")
         return f"MPI point-to-point messages ({bootstrap.mpi_library()}), {how}"

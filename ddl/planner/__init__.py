@@ -4,13 +4,14 @@ topology's lower bound (explain). Pure Python: no MPI, called once per size and 
 """
 from .choice import Plan, choose, default_levels, label, predict
 from .explain import Explanation, explain
-from .model import (LEVEL_ALGORITHMS, MAX_BLOCK_BYTES, MAX_BLOCKS, MIN_BLOCK_BYTES, MOST_BLOCKS, TOP_ALGORITHMS,
+from .model import (LEVEL_ALGORITHMS, MAX_BLOCK_BYTES, MAX_BLOCKS, MIN_BLOCK_BYTES, MOST_BLOCKS, TCP_BLOCK_BYTES,
+                    TOP_ALGORITHMS,
                     Phase, Shape, agreement_phases, broadcast_lower_bound, latency_phases, level_rounds, link_bytes,
                     link_seconds, lower_bound, phases, pipelined, top_rounds)
 from .programs import ALLREDUCE_AT_TOP, program
 
 __all__ = ["Plan", "choose", "default_levels", "label", "predict", "Explanation", "explain", "LEVEL_ALGORITHMS",
-           "MAX_BLOCK_BYTES", "MAX_BLOCKS", "MIN_BLOCK_BYTES", "MOST_BLOCKS", "TOP_ALGORITHMS", "Phase", "Shape",
+           "MAX_BLOCK_BYTES", "MAX_BLOCKS", "MIN_BLOCK_BYTES", "MOST_BLOCKS", "TCP_BLOCK_BYTES", "TOP_ALGORITHMS", "Phase", "Shape",
            "agreement_phases", "broadcast_lower_bound", "latency_phases", "level_rounds",
            "link_bytes", "link_seconds", "lower_bound", "phases", "pipelined", "top_rounds", "ALLREDUCE_AT_TOP",
            "program"]

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 from ..topology import LevelCost, default_level
 from ..topology.tree import depth, nested, normalize
-from .model import (LEVEL_ALGORITHMS, MAX_BLOCK_BYTES, MAX_BLOCKS, MIN_BLOCK_BYTES, MOST_BLOCKS, TOP_ALGORITHMS,
+from .model import (LEVEL_ALGORITHMS, MAX_BLOCK_BYTES, MAX_BLOCKS, MIN_BLOCK_BYTES, MOST_BLOCKS, TCP_BLOCK_BYTES,
+                    TOP_ALGORITHMS,
                     Phase, Shape, latency_phases, link_seconds, phases, pipelined)
 
 
@@ -83,10 +84,11 @@ def default_levels(tree, names: tuple[str, ...] = (), link: str = "shm") -> tupl
 
 
 def choose(tree, levels, nbytes: int, forced: tuple[str, ...] = (), block_bytes: int | None = None,
-           inflight: int | None = None) -> Plan:
+           inflight: int | None = None, tcp: bool = False) -> Plan:
     """The cheapest plan for ``nbytes`` on this tree; ``forced`` names algorithms (one for every level, or
     one per level innermost first, "auto" to let the model pick; "recursive_doubling" alone forces the
-    latency shape). Deterministic: every rank computes the same plan."""
+    latency shape); ``tcp``: the ranks talk over ddl's own TCP (blocks of TCP_BLOCK_BYTES across a network).
+    Deterministic: every rank computes the same plan."""
     shape = Shape.of(tree)
     levels = tuple(levels)
     if len(levels) != shape.depth:
@@ -114,7 +116,7 @@ def choose(tree, levels, nbytes: int, forced: tuple[str, ...] = (), block_bytes:
     algos = tuple(picks)
     ph = phases(shape, levels, algos, nbytes)
     busy = link_seconds(shape, levels, ph)
-    blocks = best_blocks(ph, busy, nbytes, block_bytes, any(lv.via == "uplink" for lv in levels))
+    blocks = best_blocks(ph, busy, nbytes, block_bytes, any(lv.via == "uplink" for lv in levels), tcp)
     hier = pipelined(ph, blocks, busy)
     if set(forced) == {"auto"} and shape.depth > 1 and pipelined(latency_phases(shape, levels, nbytes), 1) < hier:
         return Plan(tree, levels, ("recursive_doubling",) * shape.depth, "latency", max(1, nbytes), 1)
@@ -130,16 +132,20 @@ def _level_cost(shape, levels, lvl, algo, nbytes) -> float:
     return sum(p.seconds for p in phases(shape, levels, algos, nbytes) if p.level == lvl)
 
 
-def best_blocks(ph: list[Phase], busy: list[float], nbytes: int, block_bytes: int | None, network: bool) -> int:
+def best_blocks(ph: list[Phase], busy: list[float], nbytes: int, block_bytes: int | None, network: bool,
+                tcp: bool = False) -> int:
     """How many pipeline blocks the phases ``ph`` of ``nbytes`` run in: ``block_bytes`` where forced; across a
-    network and large, blocks of MAX_BLOCK_BYTES; else the cheapest power of two by ``pipelined``."""
+    network and large, blocks of MAX_BLOCK_BYTES (over ddl's TCP: TCP_BLOCK_BYTES); else the cheapest power of
+    two by ``pipelined``, none smaller than MIN_BLOCK_BYTES (over ddl's TCP across a network: TCP_BLOCK_BYTES)."""
     if block_bytes:
         return max(1, -(-nbytes // block_bytes))
-    if network and nbytes > MAX_BLOCKS * MAX_BLOCK_BYTES:
-        return min(MOST_BLOCKS, -(-nbytes // MAX_BLOCK_BYTES))
+    largest = TCP_BLOCK_BYTES if network and tcp else MAX_BLOCK_BYTES
+    smallest = TCP_BLOCK_BYTES if network and tcp else MIN_BLOCK_BYTES
+    if network and nbytes > MAX_BLOCKS * largest:
+        return min(MOST_BLOCKS, -(-nbytes // largest))
     best, blocks = math.inf, 1
     b = 1
-    while b <= MAX_BLOCKS and (b == 1 or nbytes / b >= MIN_BLOCK_BYTES):
+    while b <= MAX_BLOCKS and (b == 1 or nbytes / b >= smallest):
         t = pipelined(ph, b, busy)
         if t < best:
             best, blocks = t, b

@@ -1,0 +1,107 @@
+// Transport over TCP sockets of its own, one connection per peer (gloo's way across hosts). Why not MPI's TCP:
+// MPI progresses only while polled, so a run either spins a core or sleeps blind; here a rank that waits
+// blocks in epoll and the kernel wakes it when bytes arrive or room frees up, and large messages go out and
+// come in with few, large system calls straight from and into the caller's buffers.
+//
+// Messages are [tag int32 | 0 int32 | bytes int64 | data]. Order per (peer, tag) is MPI's: a message matches
+// the oldest receive posted for it; one that arrives first waits in a buffer of its own until one is posted.
+// A receive may be posted larger than the message (the executor's header mode does), never smaller.
+//
+// Set-up is two-step, so that Python decides where to connect: the constructor listens; connect() gets every
+// peer's candidate addresses (already chosen: loopback for a peer on this host) and port, and the job's nonce
+// that both sides of a connection check.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddl/transport.hpp"
+
+namespace ddl {
+
+class TcpTransport final : public Transport {
+ public:
+  // Listens on bind_address (empty: every interface), a port the kernel picks.
+  TcpTransport(int rank, int size, const std::string& bind_address, bool yield_when_idle);
+  ~TcpTransport() override;
+  int port() const { return port_; }
+  // Connects to every peer: lower ranks are dialed, higher ranks accepted. addresses[p]: peer p's candidate
+  // addresses, tried in order; ports[p] its port. Throws TransportError naming the peer after timeout_s.
+  void connect(const std::vector<std::vector<std::string>>& addresses, const std::vector<int>& ports,
+               uint64_t nonce, double timeout_s);
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int max_tag() const override { return (1 << 30) - 1; }
+  std::string name() const override { return "tcp"; }
+  Handle isend(const void* data, size_t nbytes, int peer, int tag) override;
+  Handle irecv(void* data, size_t nbytes, int peer, int tag) override;
+  void poll() override;
+  bool test(Handle h) override;
+  void idle(Clock::duration rest) override;
+  void abandon() override;
+
+  // This machine's IPv4 addresses, interface by interface (loopback excluded): (interface, address).
+  static std::vector<std::pair<std::string, std::string>> local_addresses();
+
+ private:
+  struct Op {
+    bool done = false;
+    std::string error;
+  };
+  struct Send {
+    Handle h;
+    const char* data;
+    size_t nbytes;
+    size_t sent = 0;  // of header and data together
+    int64_t header[2];
+  };
+  struct Recv {
+    Handle h;
+    char* data;
+    size_t capacity;
+    int tag;
+  };
+  struct Arrived {  // a message no receive was posted for yet
+    int tag;
+    std::vector<char> data;
+  };
+  struct Peer {
+    int fd = -1;
+    std::deque<Send> sends;
+    bool want_write = false;       // EPOLLOUT registered: the socket was full
+    std::deque<Recv> posted;       // receives in post order
+    std::deque<Arrived> arrived;   // unexpected messages in arrival order
+    // the message coming in now
+    int64_t header[2] = {0, 0};
+    size_t header_got = 0;
+    bool in_body = false;
+    char* into = nullptr;          // where its data goes: a posted receive's buffer or `unexpected`
+    size_t body = 0, body_got = 0;
+    Handle target = -1;            // the posted receive it completes (-1: unexpected)
+    std::vector<char> unexpected;
+    bool closed = false;
+  };
+
+  Handle take_slot();
+  void finish(Handle h, std::string error = {});
+  void flush(int p);
+  void drain(int p);
+  bool begin_body(int p);
+  void end_body(int p);
+  void wait_events(int timeout_us);
+  void lost(int p, const std::string& why);
+  void watch(int p, bool write);
+
+  int rank_, size_;
+  bool yield_when_idle_;
+  int listen_fd_ = -1, epoll_fd_ = -1, port_ = 0;
+  std::vector<Peer> peers_;
+  std::vector<Op> slots_;
+  std::vector<Handle> free_;
+};
+
+}  // namespace ddl

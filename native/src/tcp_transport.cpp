@@ -1,0 +1,484 @@
+#include "ddl/tcp_transport.hpp"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+namespace ddl {
+
+namespace {
+
+constexpr uint32_t kMagic = 0x44444c31;  // "DDL1": the first word of a connection's hello
+constexpr size_t kHeader = 2 * sizeof(int64_t);
+constexpr int kMaxIov = 32;
+// While a run rests, it waits for the sockets this long at most (any byte in or room out wakes it sooner):
+// an event-driven wait has no reason to be as short as a blind sleep, only short enough to notice a caller
+// that starts waiting.
+constexpr auto kLongestEventWait = std::chrono::milliseconds(1);
+
+struct Hello {
+  uint32_t magic;
+  int32_t rank;
+  uint64_t nonce;
+};
+
+std::string errno_text(int e) { return std::string(std::strerror(e)); }
+
+void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
+
+int ms_left(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left, 1000)));
+}
+
+// Moves all of buf through a non-blocking socket before the deadline; false if it closed, failed or ran out.
+bool exchange_all(int fd, void* buf, size_t n, bool out, Clock::time_point deadline) {
+  char* p = static_cast<char*>(buf);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t k = out ? ::send(fd, p + done, n - done, MSG_NOSIGNAL) : ::recv(fd, p + done, n - done, 0);
+    if (k > 0) {
+      done += static_cast<size_t>(k);
+      continue;
+    }
+    if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
+    if (Clock::now() > deadline) return false;
+    pollfd pfd{fd, static_cast<short>(out ? POLLOUT : POLLIN), 0};
+    ::poll(&pfd, 1, ms_left(deadline));
+  }
+  return true;
+}
+
+// A connected, non-blocking socket to address:port, or -1 (refused, unreachable, or not before the deadline).
+int dial(const std::string& address, int port, Clock::time_point deadline) {
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, address.c_str(), &to.sin_addr) != 1) return -1;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  set_nonblocking(fd);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0) return fd;
+  if (errno != EINPROGRESS) {
+    ::close(fd);
+    return -1;
+  }
+  while (Clock::now() < deadline) {
+    pollfd pfd{fd, POLLOUT, 0};
+    if (::poll(&pfd, 1, ms_left(deadline)) > 0) {
+      int err = 0;
+      socklen_t len = sizeof err;
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err == 0) return fd;
+      break;
+    }
+  }
+  ::close(fd);
+  return -1;
+}
+
+}  // namespace
+
+TcpTransport::TcpTransport(int rank, int size, const std::string& bind_address, bool yield_when_idle)
+    : rank_(rank), size_(size), yield_when_idle_(yield_when_idle), peers_(static_cast<size_t>(size)) {
+  const std::string me = "rank " + std::to_string(rank) + ": tcp transport: ";
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) throw TransportError(me + "socket: " + errno_text(errno));
+  int one = 1;
+  setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_ANY);
+  if (!bind_address.empty() && inet_pton(AF_INET, bind_address.c_str(), &at.sin_addr) != 1)
+    throw TransportError(me + "bad address to listen on: " + bind_address);
+  socklen_t len = sizeof at;
+  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&at), sizeof at) != 0 ||
+      ::listen(listen_fd_, std::max(16, size)) != 0 ||
+      getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&at), &len) != 0) {
+    const int e = errno;
+    ::close(listen_fd_);
+    throw TransportError(me + "cannot listen on " + (bind_address.empty() ? "any address" : bind_address) + ": " +
+                         errno_text(e));
+  }
+  port_ = ntohs(at.sin_port);
+  set_nonblocking(listen_fd_);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) throw TransportError(me + "epoll: " + errno_text(errno));
+}
+
+TcpTransport::~TcpTransport() {
+  for (Peer& p : peers_)
+    if (p.fd >= 0) ::close(p.fd);
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (epoll_fd_ >= 0) ::close(epoll_fd_);
+}
+
+void TcpTransport::connect(const std::vector<std::vector<std::string>>& addresses, const std::vector<int>& ports,
+                           uint64_t nonce, double timeout_s) {
+  const std::string me = "rank " + std::to_string(rank_) + ": tcp transport: ";
+  if (addresses.size() != static_cast<size_t>(size_) || ports.size() != static_cast<size_t>(size_))
+    throw TransportError(me + "connect needs every rank's addresses and port");
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
+  // Lower ranks first: rank 0 only accepts, so every dial is answered once the ranks below are accepting.
+  for (int p = 0; p < rank_; ++p) {
+    int fd = -1;
+    std::string tried;
+    while (fd < 0 && Clock::now() < deadline) {
+      for (const std::string& a : addresses[static_cast<size_t>(p)]) {
+        tried += (tried.empty() ? "" : ", ") + a;
+        int c = dial(a, ports[static_cast<size_t>(p)], std::min(deadline, Clock::now() + std::chrono::seconds(5)));
+        if (c < 0) continue;
+        Hello hello{kMagic, rank_, nonce}, answer{};
+        if (exchange_all(c, &hello, sizeof hello, true, deadline) &&
+            exchange_all(c, &answer, sizeof answer, false, deadline) && answer.magic == kMagic &&
+            answer.rank == p && answer.nonce == nonce) {
+          fd = c;
+          break;
+        }
+        ::close(c);  // someone else's port, or the wrong rank behind this address
+      }
+      if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (fd < 0)
+      throw TransportError(me + "could not reach rank " + std::to_string(p) + " at port " +
+                           std::to_string(ports[static_cast<size_t>(p)]) + " of " + tried +
+                           " before the deadline (a firewall, or the wrong interface: set DDL_TCP_IFACE)");
+    peers_[static_cast<size_t>(p)].fd = fd;
+  }
+  int missing = size_ - 1 - rank_;
+  while (missing > 0) {
+    if (Clock::now() > deadline) {
+      std::string who;
+      for (int p = rank_ + 1; p < size_; ++p)
+        if (peers_[static_cast<size_t>(p)].fd < 0) who += (who.empty() ? "" : ", ") + std::to_string(p);
+      throw TransportError(me + "ranks " + who + " did not connect before the deadline");
+    }
+    pollfd pfd{listen_fd_, POLLIN, 0};
+    if (::poll(&pfd, 1, ms_left(deadline)) <= 0) continue;
+    int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (c < 0) continue;
+    Hello hello{};
+    const auto soon = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+    if (!exchange_all(c, &hello, sizeof hello, false, soon) || hello.magic != kMagic || hello.nonce != nonce ||
+        hello.rank <= rank_ || hello.rank >= size_ || peers_[static_cast<size_t>(hello.rank)].fd >= 0) {
+      ::close(c);  // not one of this job's ranks (a stray connection): ignored
+      continue;
+    }
+    Hello answer{kMagic, rank_, nonce};
+    if (!exchange_all(c, &answer, sizeof answer, true, deadline)) {
+      ::close(c);
+      continue;
+    }
+    peers_[static_cast<size_t>(hello.rank)].fd = c;
+    --missing;
+  }
+  ::close(listen_fd_);
+  listen_fd_ = -1;
+  for (int p = 0; p < size_; ++p) {
+    Peer& peer = peers_[static_cast<size_t>(p)];
+    if (p == rank_) continue;
+    int one = 1;
+    setsockopt(peer.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // small calls are latency
+    set_nonblocking(peer.fd);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u32 = static_cast<uint32_t>(p);
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, peer.fd, &ev) != 0)
+      throw TransportError(me + "epoll_ctl: " + errno_text(errno));
+  }
+}
+
+std::vector<std::pair<std::string, std::string>> TcpTransport::local_addresses() {
+  std::vector<std::pair<std::string, std::string>> out;
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return out;
+  for (ifaddrs* i = all; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char text[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text);
+    out.emplace_back(i->ifa_name, text);
+  }
+  freeifaddrs(all);
+  return out;
+}
+
+Handle TcpTransport::take_slot() {
+  if (!free_.empty()) {
+    Handle h = free_.back();
+    free_.pop_back();
+    slots_[static_cast<size_t>(h)] = Op{};
+    return h;
+  }
+  slots_.emplace_back();
+  return static_cast<Handle>(slots_.size() - 1);
+}
+
+void TcpTransport::finish(Handle h, std::string error) {
+  Op& op = slots_[static_cast<size_t>(h)];
+  op.done = true;
+  op.error = std::move(error);
+}
+
+void TcpTransport::lost(int p, const std::string& why) {
+  Peer& peer = peers_[static_cast<size_t>(p)];
+  if (!peer.closed && peer.fd >= 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer.fd, nullptr);
+  peer.closed = true;
+  // A peer that closed with nothing of ours pending left normally (its job ended first); otherwise this run
+  // cannot finish.
+  if (peer.sends.empty() && peer.posted.empty() && !peer.in_body && peer.header_got == 0) return;
+  throw TransportError("rank " + std::to_string(rank_) + ": the connection with rank " + std::to_string(p) +
+                       " was lost (" + why + "; did that rank exit or fail?)");
+}
+
+void TcpTransport::watch(int p, bool write) {
+  Peer& peer = peers_[static_cast<size_t>(p)];
+  if (peer.want_write == write || peer.closed) return;
+  peer.want_write = write;
+  epoll_event ev{};
+  ev.events = EPOLLIN | (write ? EPOLLOUT : 0u);
+  ev.data.u32 = static_cast<uint32_t>(p);
+  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, peer.fd, &ev);
+}
+
+static void check_peer(int peer, int size, int rank) {
+  if (peer < 0 || peer >= size)
+    throw TransportError("rank " + std::to_string(rank) + ": peer " + std::to_string(peer) + " outside 0.." +
+                         std::to_string(size - 1));
+}
+
+Handle TcpTransport::isend(const void* data, size_t nbytes, int peer, int tag) {
+  check_peer(peer, size_, rank_);
+  const Handle h = take_slot();
+  Peer& to = peers_[static_cast<size_t>(peer)];
+  if (peer == rank_) {  // to itself: straight to the oldest matching receive, or kept until one is posted
+    auto match = std::find_if(to.posted.begin(), to.posted.end(), [&](const Recv& r) { return r.tag == tag; });
+    if (match == to.posted.end()) {
+      const char* c = static_cast<const char*>(data);
+      to.arrived.push_back(Arrived{tag, std::vector<char>(c, c + nbytes)});
+    } else if (nbytes > match->capacity) {
+      finish(match->h, "message of " + std::to_string(nbytes) + " bytes truncated to " +
+                       std::to_string(match->capacity) + " at rank " + std::to_string(rank_));
+      to.posted.erase(match);
+    } else {
+      if (nbytes) std::memcpy(match->data, data, nbytes);
+      finish(match->h);
+      to.posted.erase(match);
+    }
+    finish(h);
+    return h;
+  }
+  if (to.closed) lost(peer, "closed before this send");
+  Send s{h, static_cast<const char*>(data), nbytes, 0, {tag, static_cast<int64_t>(nbytes)}};
+  to.sends.push_back(s);
+  if (!to.want_write) flush(peer);  // on the wire at once where the socket has room
+  return h;
+}
+
+void TcpTransport::flush(int p) {
+  Peer& peer = peers_[static_cast<size_t>(p)];
+  while (!peer.sends.empty()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (auto it = peer.sends.begin(); it != peer.sends.end() && n + 2 <= kMaxIov; ++it) {
+      size_t skip = it->sent;
+      if (skip < kHeader) {
+        iov[n++] = {reinterpret_cast<char*>(it->header) + skip, kHeader - skip};
+        skip = 0;
+      } else {
+        skip -= kHeader;
+      }
+      if (it->nbytes > skip) iov[n++] = {const_cast<char*>(it->data) + skip, it->nbytes - skip};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    ssize_t k = ::sendmsg(peer.fd, &msg, MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        watch(p, true);  // the socket is full: EPOLLOUT says when it has room again
+        return;
+      }
+      lost(p, errno_text(errno));
+      return;
+    }
+    size_t wrote = static_cast<size_t>(k);
+    while (wrote > 0 && !peer.sends.empty()) {
+      Send& s = peer.sends.front();
+      const size_t left = kHeader + s.nbytes - s.sent;
+      const size_t now = std::min(left, wrote);
+      s.sent += now;
+      wrote -= now;
+      if (s.sent == kHeader + s.nbytes) {
+        finish(s.h);
+        peer.sends.pop_front();
+      }
+    }
+  }
+  watch(p, false);
+}
+
+bool TcpTransport::begin_body(int p) {
+  Peer& peer = peers_[static_cast<size_t>(p)];
+  const int tag = static_cast<int>(peer.header[0]);
+  const size_t n = static_cast<size_t>(peer.header[1]);
+  peer.in_body = true;
+  peer.body = n;
+  peer.body_got = 0;
+  auto match = std::find_if(peer.posted.begin(), peer.posted.end(), [&](const Recv& r) { return r.tag == tag; });
+  if (match != peer.posted.end()) {
+    if (n > match->capacity)
+      throw TransportError("rank " + std::to_string(rank_) + ": message of " + std::to_string(n) +
+                           " bytes from rank " + std::to_string(p) + " truncated to " +
+                           std::to_string(match->capacity));
+    peer.into = match->data;
+    peer.target = match->h;
+    peer.posted.erase(match);
+  } else {
+    peer.unexpected.resize(n);
+    peer.into = peer.unexpected.data();
+    peer.target = -1;
+  }
+  return n == 0;
+}
+
+void TcpTransport::end_body(int p) {
+  Peer& peer = peers_[static_cast<size_t>(p)];
+  const int tag = static_cast<int>(peer.header[0]);
+  peer.in_body = false;
+  peer.header_got = 0;
+  if (peer.target >= 0) {
+    finish(peer.target);
+    return;
+  }
+  // Unexpected when its header came; a receive posted since takes it now (the oldest such).
+  auto match = std::find_if(peer.posted.begin(), peer.posted.end(), [&](const Recv& r) { return r.tag == tag; });
+  if (match == peer.posted.end()) {
+    peer.arrived.push_back(Arrived{tag, std::move(peer.unexpected)});
+    peer.unexpected = {};
+    return;
+  }
+  if (peer.body > match->capacity)
+    throw TransportError("rank " + std::to_string(rank_) + ": message of " + std::to_string(peer.body) +
+                         " bytes from rank " + std::to_string(p) + " truncated to " + std::to_string(match->capacity));
+  if (peer.body) std::memcpy(match->data, peer.unexpected.data(), peer.body);
+  finish(match->h);
+  peer.posted.erase(match);
+}
+
+void TcpTransport::drain(int p) {
+  Peer& peer = peers_[static_cast<size_t>(p)];
+  while (!peer.closed) {
+    ssize_t k;
+    if (!peer.in_body) {
+      char* at = reinterpret_cast<char*>(peer.header) + peer.header_got;
+      k = ::recv(peer.fd, at, kHeader - peer.header_got, 0);
+      if (k > 0) {
+        peer.header_got += static_cast<size_t>(k);
+        if (peer.header_got == kHeader && begin_body(p)) end_body(p);
+        continue;
+      }
+    } else {
+      k = ::recv(peer.fd, peer.into + peer.body_got, peer.body - peer.body_got, 0);
+      if (k > 0) {
+        peer.body_got += static_cast<size_t>(k);
+        if (peer.body_got == peer.body) end_body(p);
+        continue;
+      }
+    }
+    if (k == 0) {
+      lost(p, "closed by the peer");
+      return;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    lost(p, errno_text(errno));
+    return;
+  }
+}
+
+Handle TcpTransport::irecv(void* data, size_t nbytes, int peer, int tag) {
+  check_peer(peer, size_, rank_);
+  const Handle h = take_slot();
+  Peer& from = peers_[static_cast<size_t>(peer)];
+  auto match = std::find_if(from.arrived.begin(), from.arrived.end(), [&](const Arrived& a) { return a.tag == tag; });
+  if (match != from.arrived.end()) {
+    if (match->data.size() > nbytes) {
+      finish(h, "message of " + std::to_string(match->data.size()) + " bytes from rank " + std::to_string(peer) +
+                    " truncated to " + std::to_string(nbytes) + " at rank " + std::to_string(rank_));
+    } else {
+      if (!match->data.empty()) std::memcpy(data, match->data.data(), match->data.size());
+      finish(h);
+    }
+    from.arrived.erase(match);
+    return h;
+  }
+  if (from.closed && peer != rank_) lost(peer, "closed before this receive");
+  from.posted.push_back(Recv{h, static_cast<char*>(data), nbytes, tag});
+  return h;
+}
+
+void TcpTransport::wait_events(int timeout_us) {
+  epoll_event events[64];
+  int n;
+  if (timeout_us <= 0) {
+    n = epoll_wait(epoll_fd_, events, 64, 0);
+  } else {
+    timespec ts{timeout_us / 1000000, static_cast<long>(timeout_us % 1000000) * 1000};
+    n = epoll_pwait2(epoll_fd_, events, 64, &ts, nullptr);
+    if (n < 0 && errno == ENOSYS) n = epoll_wait(epoll_fd_, events, 64, (timeout_us + 999) / 1000);
+  }
+  for (int i = 0; i < n; ++i) {
+    const int p = static_cast<int>(events[i].data.u32);
+    if (events[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) drain(p);
+    if ((events[i].events & EPOLLOUT) && !peers_[static_cast<size_t>(p)].closed) flush(p);
+  }
+}
+
+void TcpTransport::poll() { wait_events(0); }
+
+bool TcpTransport::test(Handle h) {
+  Op& op = slots_[static_cast<size_t>(h)];
+  if (!op.done) return false;
+  std::string err = std::move(op.error);
+  free_.push_back(h);
+  if (!err.empty()) throw TransportError(err);
+  return true;
+}
+
+void TcpTransport::idle(Clock::duration rest) {
+  if (rest > Clock::duration::zero()) {
+    const auto wait = std::max(rest, Clock::duration(kLongestEventWait));
+    wait_events(static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(wait).count()));
+    return;
+  }
+  if (yield_when_idle_) sched_yield();
+}
+
+void TcpTransport::abandon() {
+  for (Peer& p : peers_) {
+    if (p.fd >= 0) ::close(p.fd);
+    p = Peer{};
+    p.closed = true;
+  }
+  slots_.clear();
+  free_.clear();
+}
+
+}  // namespace ddl

@@ -1,0 +1,48 @@
+"""ddl's own TCP transport set up through MPI (any N; DDL_TRANSPORT=tcp forces it on one host): every rank
+publishes its addresses and port over the MPI communicator, connects, and the collectives run on the sockets,
+checked against closed forms. An emulated cluster's communicators take it by default (tests/cluster)."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ddl.core.communicator import Communicator
+from ddl.options import parse
+from test_collectives import assert_reduced, contribution
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.rank, COMM.size
+
+
+@pytest.fixture(scope="module")
+def over_tcp():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DDL_TRANSPORT", "tcp")
+    comm = Communicator.from_mpi(COMM, replace(parse("", environ={}), shm="0"))
+    mp.undo()
+    yield comm
+    comm.close()
+
+
+def test_the_transport_is_ddls_tcp_wherever_there_are_peers(over_tcp):
+    assert (over_tcp._executor.transport if SIZE > 1 else over_tcp._executor) == ("tcp" if SIZE > 1 else None)
+    assert over_tcp.over_tcp is (SIZE > 1)
+
+
+@pytest.mark.parametrize("n", [1, 1000, 3_000_001])
+def test_allreduce_over_tcp(over_tcp, n):
+    assert_reduced(over_tcp.allreduce(contribution(RANK, n, np.float32, "sum")), n, np.float32, "sum")
+
+
+def test_every_collective_over_tcp(over_tcp):
+    rows = np.full(100 + RANK, RANK, np.int64)  # uneven rows
+    np.testing.assert_array_equal(over_tcp.allgather(rows), np.concatenate([np.full(100 + r, r) for r in range(SIZE)]))
+    whole = np.arange(SIZE * 70_000, dtype=np.float64).reshape(SIZE, -1) * (RANK + 1)
+    mine = over_tcp.reduce_scatter(whole)
+    np.testing.assert_array_equal(mine.reshape(-1), whole[RANK] / (RANK + 1) * SIZE * (SIZE + 1) / 2)
+    got = over_tcp.broadcast(np.full(300_000, RANK, np.float32), root=SIZE - 1)
+    np.testing.assert_array_equal(got, np.full(300_000, SIZE - 1, np.float32))
+    handles = [over_tcp.allreduce_async(np.full(50_000, RANK + k, np.float32)) for k in range(3)]
+    for k, h in enumerate(handles):
+        np.testing.assert_array_equal(h.wait(60), np.full(50_000, SIZE * (SIZE - 1) / 2 + SIZE * k, np.float32))

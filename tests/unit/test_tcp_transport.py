@@ -1,0 +1,183 @@
+"""ddl's own TCP transport (ddl.core.tcp, native TcpTransport): ranks are threads of this process connected over
+loopback sockets; what is checked is the transport's contract (MPI's matching order, messages that arrive
+before their receive, errors naming the peer, a set-up that ignores strangers) and the collectives on it,
+against numpy."""
+import socket
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from ddl import DDLError, MismatchError, TransportError, _native
+from ddl.core import tcp
+from ddl.core.communicator import Communicator
+from ddl.options import parse
+from ddl import planner
+from ddl.topology import LevelCost
+from ddl.topology.tree import normalize
+
+from test_loopback import contribution, expected, spawn_on
+
+BASE = replace(parse("", environ={}), timeout=20.0)
+LOOP = "127.0.0.1"
+
+
+def connected(p, nonce=7):
+    """p TcpTransports of this process, connected to each other over loopback."""
+    transports = [_native.TcpTransport(r, p, LOOP) for r in range(p)]
+    connect_all(transports, nonce)
+    return transports
+
+
+def connect_all(transports, nonce):
+    ports = [t.port for t in transports]
+    errors = []
+
+    def connect(t):
+        try:
+            t.connect([[LOOP]] * len(transports), ports, nonce, 10.0)
+        except Exception as e:  # noqa: BLE001 (collected for the assert)
+            errors.append(e)
+
+    threads = [threading.Thread(target=connect, args=(t,)) for t in transports]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+
+
+def comms(p, options=BASE, hierarchy=None):
+    return [Communicator(_native.Executor.tcp(t), r, p, options, hierarchy=hierarchy)
+            for r, t in enumerate(connected(p))]
+
+
+def run_ok(cs, fn):
+    results, errors = spawn_on(cs, fn)
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+@pytest.mark.parametrize("n", [0, 1, 13, 3001, 1_000_003])  # 1M elements: many pipeline blocks
+def test_allreduce_over_tcp_equals_numpy(p, n):
+    cs = comms(p)
+    for op in ("sum", "max"):
+        got = run_ok(cs, lambda c: c.allreduce(contribution(c.rank, n, np.float32, op), op))
+        for r, g in enumerate(got):
+            np.testing.assert_array_equal(g.astype(np.float64), expected(p, n, np.float32, op), err_msg=f"rank {r}")
+
+
+def test_two_levels_over_tcp_every_collective():
+    p, n = 4, 600_001
+    cs = comms(p, hierarchy=[[0, 1], [2, 3]])
+    got = run_ok(cs, lambda c: c.allreduce(contribution(c.rank, n, np.float64, "sum")))
+    for g in got:
+        np.testing.assert_array_equal(g, expected(p, n, np.float64, "sum"))
+    rows = [np.arange(r * 1000, r * 1000 + 1000 + 7 * r, dtype=np.float32) for r in range(p)]  # uneven
+    for g in run_ok(cs, lambda c: c.allgather(rows[c.rank])):
+        np.testing.assert_array_equal(g, np.concatenate(rows))
+    whole = [np.arange(p * 50_000, dtype=np.float64) * (r + 1) for r in range(p)]
+    for r, g in enumerate(run_ok(cs, lambda c: c.reduce_scatter(whole[c.rank].reshape(p, -1)))):
+        np.testing.assert_array_equal(g.reshape(-1), sum(whole).reshape(p, -1)[r])
+    for g in run_ok(cs, lambda c: c.broadcast(np.full(70_000, c.rank, np.int64), root=2)):
+        np.testing.assert_array_equal(g, np.full(70_000, 2))
+
+
+def test_asynchronous_calls_over_tcp_keep_their_order():
+    cs = comms(3)
+
+    def body(c):
+        handles = [c.allreduce_async(np.full(200_000, c.rank + k, np.float32)) for k in range(4)]
+        return [h.wait(30) for h in handles]
+
+    for got in run_ok(cs, body):
+        for k, g in enumerate(got):
+            np.testing.assert_array_equal(g, np.full(200_000, sum(r + k for r in range(3)), np.float32))
+
+
+def test_a_mismatch_over_tcp_raises_on_every_rank():
+    _, errors = spawn_on(comms(3), lambda c: c.allreduce(np.ones(500 if c.rank == 1 else 400)))
+    for e in errors:
+        assert isinstance(e, MismatchError) and "ranks 1: allreduce(shape=(500,)" in str(e)
+
+
+def test_a_rank_that_goes_away_is_named_before_the_deadline():
+    transports = connected(2)
+    survivor = Communicator(_native.Executor.tcp(transports[0]), 0, 2, replace(BASE, timeout=60.0))
+    del transports[1]  # its sockets close, as a process's do when it dies
+    t0 = time.monotonic()
+    with pytest.raises(TransportError, match="rank 0: the connection with rank 1 was lost"):
+        survivor.allreduce(np.ones(1 << 20, np.float32))
+    assert time.monotonic() - t0 < 30  # seen at once, not at the 60 s deadline
+
+
+def test_set_up_ignores_a_stranger_and_a_wrong_nonce():
+    p = 2
+    transports = [_native.TcpTransport(r, p, LOOP) for r in range(p)]
+    ports = [t.port for t in transports]
+    strangers = []
+    hello_of_another_job = b"1LDD" + (1).to_bytes(4, "little") + (98).to_bytes(8, "little")  # rank 1, nonce 98
+    for junk in (b"GET / HTTP/1.0\r\n\r\n", hello_of_another_job):
+        s = socket.create_connection((LOOP, ports[0]))
+        s.sendall(junk)
+        strangers.append(s)
+    connect_all(transports, 99)
+    cs = [Communicator(_native.Executor.tcp(t), r, p, BASE) for r, t in enumerate(transports)]
+    for g in run_ok(cs, lambda c: c.allreduce(np.full(5, c.rank + 1.0))):
+        np.testing.assert_array_equal(g, np.full(5, 3.0))
+    for s in strangers:
+        s.close()
+
+
+def test_an_unreachable_rank_is_named_after_the_deadline():
+    closed = socket.socket()
+    closed.bind((LOOP, 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nobody listens there
+    t = _native.TcpTransport(1, 2, LOOP)
+    with pytest.raises(TransportError, match=r"rank 1: .*could not reach rank 0 at port %d of 127\.0\.0\.1" % port):
+        t.connect([[LOOP], [LOOP]], [port, t.port], 1, 0.5)
+
+
+def test_candidates_loopback_on_the_same_host_and_never_an_address_both_have():
+    hosts = ["a", "a", "b"]
+    published = [[("eth0", "10.0.0.1"), ("docker0", "172.17.0.1")], [("eth0", "10.0.0.1")],
+                 [("ib0", "10.1.0.3"), ("docker0", "172.17.0.1"), ("eth0", "10.0.0.3")]]
+    assert tcp.candidates(0, hosts, published, None) == [[LOOP], [LOOP], ["10.1.0.3", "10.0.0.3"]]
+    assert tcp.candidates(2, hosts, published, None) == [["10.0.0.1"], ["10.0.0.1"], [LOOP]]
+    assert tcp.candidates(0, hosts, published, "eth0")[2] == ["10.0.0.3"]
+    with pytest.raises(DDLError, match="rank 2: DDL_TCP_IFACE=ib0: rank 0 \\(host a\\) has no IPv4 address on it"):
+        tcp.candidates(2, hosts, published, "ib0")
+
+
+def test_transport_choice():
+    two_hosts = ["a", "a", "b", "b"]
+    assert tcp.wanted(4, two_hosts, {}) is True
+    assert tcp.wanted(4, ["a"] * 4, {}) is False  # one host: MPI's shared memory
+    assert tcp.wanted(4, two_hosts, {"DDL_ELASTIC": "1"}) is False  # ULFM's notices come through MPI
+    assert tcp.wanted(4, two_hosts, {"DDL_TRANSPORT": "mpi"}) is False
+    assert tcp.wanted(4, ["a"] * 4, {"DDL_TRANSPORT": "tcp"}) is True
+    assert tcp.wanted(1, None, {"DDL_TRANSPORT": "tcp"}) is False
+    assert tcp.wanted(tcp.MAX_RANKS + 1, ["a", "b"] * 200, {}) is False
+    with pytest.raises(DDLError, match="DDL_TRANSPORT='ucx': expected one of auto, mpi, tcp"):
+        tcp.wanted(4, two_hosts, {"DDL_TRANSPORT": "ucx"})
+
+
+def test_blocks_across_a_network_are_larger_over_tcp():
+    """Over ddl's TCP a plan across a network takes blocks of TCP_BLOCK_BYTES or more (fewer messages, fewer
+    system calls and wake-ups), where over MPI they stay at or under MAX_BLOCK_BYTES (its eager limit)."""
+    tree = normalize([[0, 1], [2, 3], [4, 5], [6, 7]])  # T1's shape: 4 nodes of 2 ranks, 1 Gbit/s between them
+    net = (LevelCost("node", "shm", 3e-6, 4e9, 2.5e-10, "peer"),
+           LevelCost("switch", "veth", 62e-6, 1.25e8, 2.5e-10, "uplink"))
+    for nbytes in (26 << 20, 200 << 20):
+        assert planner.choose(tree, net, nbytes).block_bytes <= planner.MAX_BLOCK_BYTES
+        over_tcp = planner.choose(tree, net, nbytes, tcp=True).block_bytes
+        assert planner.TCP_BLOCK_BYTES <= over_tcp < 2 * planner.TCP_BLOCK_BYTES
+    one_host = (LevelCost("node", "shm", 3e-6, 4e9, 2.5e-10, "peer"),)
+    assert planner.choose(normalize([0, 1, 2, 3]), one_host, 26 << 20, tcp=True) == \
+        planner.choose(normalize([0, 1, 2, 3]), one_host, 26 << 20)
