@@ -86,7 +86,8 @@ SETTINGS = {
         Setting("DDL_REST", "100", "microseconds: while an asynchronous collective (DDP's buckets, a submitted "
                 "call nobody waits for yet) of at least 4 MiB waits on MPI over a level "
                 "of 2.6 Gbit/s or slower links, its thread sleeps between polls (an eighth of the wait so far, at most this long) instead of spinning, "
-                "leaving the cores to the training beside it; 0: always spin"),
+                "leaving the cores to the training beside it; 0: always spin. Over ddl's TCP (DDL_TRANSPORT) "
+                "waits are event-driven: any such collective blocks until bytes move (at most 1 ms, or this long)"),
     )
 }
 
