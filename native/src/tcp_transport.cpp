@@ -240,13 +240,13 @@ void TcpTransport::finish(Handle h, std::string error) {
   op.error = std::move(error);
 }
 
-void TcpTransport::lost(int p, const std::string& why) {
+void TcpTransport::lost(int p, const std::string& why, bool surely) {
   Peer& peer = peers_[static_cast<size_t>(p)];
   if (!peer.closed && peer.fd >= 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer.fd, nullptr);
   peer.closed = true;
   // A peer that closed with nothing of ours pending left normally (its job ended first); otherwise this run
-  // cannot finish.
-  if (peer.sends.empty() && peer.posted.empty() && !peer.in_body && peer.header_got == 0) return;
+  // cannot finish (surely: a new send or receive for it).
+  if (!surely && peer.sends.empty() && peer.posted.empty() && !peer.in_body && peer.header_got == 0) return;
   throw TransportError("rank " + std::to_string(rank_) + ": the connection with rank " + std::to_string(p) +
                        " was lost (" + why + "; did that rank exit or fail?)");
 }
@@ -288,7 +288,7 @@ Handle TcpTransport::isend(const void* data, size_t nbytes, int peer, int tag) {
     finish(h);
     return h;
   }
-  if (to.closed) lost(peer, "closed before this send");
+  if (to.closed) lost(peer, "closed before this send", true);
   Send s{h, static_cast<const char*>(data), nbytes, 0, {tag, static_cast<int64_t>(nbytes)}};
   to.sends.push_back(s);
   if (!to.want_write) flush(peer);  // on the wire at once where the socket has room
@@ -437,7 +437,7 @@ Handle TcpTransport::irecv(void* data, size_t nbytes, int peer, int tag) {
     from.arrived.erase(match);
     return h;
   }
-  if (from.closed && peer != rank_) lost(peer, "closed before this receive");
+  if (from.closed && peer != rank_) lost(peer, "closed before this receive", true);
   from.posted.push_back(Recv{h, static_cast<char*>(data), nbytes, tag});
   return h;
 }

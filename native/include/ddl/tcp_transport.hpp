@@ -96,7 +96,7 @@ class TcpTransport final : public Transport {
   bool begin_body(int p);
   void end_body(int p);
   void wait_events(int timeout_us);
-  void lost(int p, const std::string& why);
+  void lost(int p, const std::string& why, bool surely = false);
   void watch(int p, bool write);
 
   int rank_, size_;
