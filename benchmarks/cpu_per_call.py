@@ -1,0 +1,117 @@
+"""What one large allreduce costs the CPUs of an emulated cluster (as root), ddl beside gloo and MPI in one job:
+
+    python benchmarks/cpu_per_call.py --topology T1 --mbytes 26 --transports mpi,auto
+
+The cores a collective takes are the cores DDP's backward does not get (8 ranks share 2 cores here). For each
+DDL_TRANSPORT setting one job runs, per library, CALLS calls of a float32 sum allreduce, each started together:
+ddl blocking, ddl submitted while its caller sleeps (as DDP's buckets are: nobody waits on them), gloo, MPI's
+own. Per call: the slowest rank's time (median), CPU-seconds (user and system) summed over every rank, and the
+bytes the hosts sent, on loopback (within a host) and on their NICs.
+"""
+import argparse
+import os
+import resource
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LIBRARIES = ("ddl", "ddl submitted", "gloo", "mpi")
+
+
+def sent_bytes() -> dict:
+    """Bytes sent per network interface of this rank's host (its network namespace)."""
+    out = {}
+    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
+        name, rest = line.split(":", 1)
+        out[name.strip()] = int(rest.split()[8])
+    return out
+
+
+def worker(mbytes: float, calls: int) -> None:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    import ddl
+    from ddl.tools.measure import init_torch
+
+    comm = MPI.COMM_WORLD
+    ddl.init()
+    init_torch(comm)
+    n = int(mbytes * 1e6) // 4
+    a, t = np.ones(n, np.float32), torch.ones(n)
+
+    def one(library):
+        if library == "ddl":
+            ddl.allreduce(a, "sum", out=a)
+        elif library == "ddl submitted":
+            handle = ddl.allreduce_async(a, "sum", out=a)
+            while not handle.done():
+                time.sleep(0.002)  # the caller works elsewhere (backward); it looks now and then
+        elif library == "gloo":
+            dist.all_reduce(t)
+        else:
+            comm.Allreduce(MPI.IN_PLACE, a)
+
+    rows = []
+    for library in LIBRARIES:
+        one(library)  # plans, connections, warm caches
+        times = []
+        r0, n0 = resource.getrusage(resource.RUSAGE_SELF), sent_bytes()
+        for _ in range(calls):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            one(library)
+            times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        r1, n1 = resource.getrusage(resource.RUSAGE_SELF), sent_bytes()
+        user = comm.allreduce(r1.ru_utime - r0.ru_utime) / calls
+        system = comm.allreduce(r1.ru_stime - r0.ru_stime) / calls
+        per_host = {}
+        for host, sent in comm.allgather((socket.gethostname(), {k: n1[k] - n0.get(k, 0) for k in n1})):
+            per_host[host] = sent  # (ranks of one host share its counters)
+        loopback = sum(s.get("lo", 0) for s in per_host.values()) / calls
+        nics = sum(v for s in per_host.values() for k, v in s.items() if k != "lo") / calls
+        rows.append((library, statistics.median(times), user, system, loopback, nics))
+    if comm.rank == 0:
+        transport = ddl.communicator()._executor.transport
+        for library, wall, user, system, loopback, nics in rows:
+            print(f"| {transport} | {library} | {wall * 1e3:.1f} | {user + system:.3f} ({user:.3f} + {system:.3f}) "
+                  f"| {loopback / 1e6:.1f} | {nics / 1e6:.1f} |", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--topology", default="T1")
+    ap.add_argument("--mbytes", type=float, default=26.0, help="MB per allreduce (26: a DDP bucket of ResNet-50)")
+    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--transports", default="mpi,auto", help="DDL_TRANSPORT settings, one job each")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args.mbytes, args.calls)
+        return 0
+    from ddl.cluster import Cluster
+    from ddl.cluster import spec as emulate
+
+    print(f"{args.topology}, {args.mbytes:g} MB float32 sum allreduce, {args.calls} calls per library\n")
+    print("| ddl's transport | library | time (ms) | CPU-s per call, all ranks (user + system) | sent on loopback "
+          "(MB) | sent on NICs (MB) |\n|:---|:---|---:|---:|---:|---:|")
+    for transport in args.transports.split(","):
+        with Cluster(emulate.topology(args.topology)) as cluster:
+            done = cluster.mpirun([sys.executable, __file__, "--worker", "--mbytes", str(args.mbytes),
+                                   "--calls", str(args.calls)], env={"DDL_TRANSPORT": transport},
+                                  timeout=900, quiet=True, capture=True)
+        if done.returncode:
+            print(f"DDL_TRANSPORT={transport}: the job failed ({done.returncode}):\n{done.stderr[-3000:]}",
+                  file=sys.stderr)
+            return 1
+        print("\n".join(line for line in done.stdout.splitlines() if line.startswith("|")), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
