@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from ..topology import LevelCost, default_level
 from ..topology.tree import depth, nested, normalize
 from .model import (LEVEL_ALGORITHMS, MAX_BLOCK_BYTES, MAX_BLOCKS, MIN_BLOCK_BYTES, MOST_BLOCKS, TCP_BLOCK_BYTES,
-                    TOP_ALGORITHMS,
+                    TCP_PIPELINE, TOP_ALGORITHMS,
                     Phase, Shape, latency_phases, link_seconds, phases, pipelined)
 
 
@@ -136,11 +136,14 @@ def best_blocks(ph: list[Phase], busy: list[float], nbytes: int, block_bytes: in
                 tcp: bool = False) -> int:
     """How many pipeline blocks the phases ``ph`` of ``nbytes`` run in: ``block_bytes`` where forced; across a
     network and large, blocks of MAX_BLOCK_BYTES (over ddl's TCP: TCP_BLOCK_BYTES); else the cheapest power of
-    two by ``pipelined``, none smaller than MIN_BLOCK_BYTES (over ddl's TCP across a network: TCP_BLOCK_BYTES)."""
+    two by ``pipelined``, none smaller than MIN_BLOCK_BYTES (over ddl's TCP across a network: TCP_BLOCK_BYTES,
+    or what makes TCP_PIPELINE blocks of a smaller buffer)."""
     if block_bytes:
         return max(1, -(-nbytes // block_bytes))
     largest = TCP_BLOCK_BYTES if network and tcp else MAX_BLOCK_BYTES
-    smallest = TCP_BLOCK_BYTES if network and tcp else MIN_BLOCK_BYTES
+    # over ddl's TCP, blocks of TCP_BLOCK_BYTES where the buffer still makes a pipeline of TCP_PIPELINE of them
+    smallest = max(MIN_BLOCK_BYTES, min(TCP_BLOCK_BYTES, nbytes // TCP_PIPELINE)) if network and tcp \
+        else MIN_BLOCK_BYTES
     if network and nbytes > MAX_BLOCKS * largest:
         return min(MOST_BLOCKS, -(-nbytes // largest))
     best, blocks = math.inf, 1

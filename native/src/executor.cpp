@@ -89,7 +89,8 @@ class Run {
         const bool waited_for = waiting_.load(std::memory_order_relaxed) > 0;
         const auto rest = waited_for ? Clock::duration::zero() : std::min(rest_longest_, (now - last_progress) / 8);
         if (rest > Clock::duration::zero()) ++rests_;
-        t_.idle(rest);
+        // (blocks still to start wait on their hooks: not only on messages)
+        t_.idle(rest, hooks == nullptr || next == plan_.blocks.size());
       }
     }
   }

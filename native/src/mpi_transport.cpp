@@ -20,7 +20,7 @@ MpiTransport::MpiTransport(MPI_Comm comm, bool yield_when_idle) : comm_(comm), y
   if (flag && ub) max_tag_ = *ub;
 }
 
-void MpiTransport::idle(Clock::duration rest) {
+void MpiTransport::idle(Clock::duration rest, bool) {
   if (rest > Clock::duration::zero()) {
     // (Linux stretches a sleep by the thread's timer slack, 50 us by default: a rest is never shorter. Exact
     // short rests were tried: more wake-ups, more of the core spent, no faster.)

@@ -470,7 +470,14 @@ bool TcpTransport::test(Handle h) {
   return true;
 }
 
-void TcpTransport::idle(Clock::duration rest) {
+void TcpTransport::idle(Clock::duration rest, bool messages_only) {
+  if (!messages_only) {  // a block waits on something else too (the GPU's staging): never past the rest asked
+    if (rest > Clock::duration::zero())
+      wait_events(static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(rest).count()));
+    else if (yield_when_idle_)
+      sched_yield();
+    return;
+  }
   if (rest > Clock::duration::zero()) {
     const auto wait = std::max(rest, Clock::duration(kLongestEventWait));
     wait_events(static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(wait).count()));

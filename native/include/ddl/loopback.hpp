@@ -53,7 +53,7 @@ class LoopbackTransport final : public Transport {
     slots_.clear();
     free_.clear();
   }
-  void idle(Clock::duration) override { std::this_thread::yield(); }
+  void idle(Clock::duration, bool) override { std::this_thread::yield(); }
 
  private:
   Handle keep(std::shared_ptr<LoopbackHub::Op> op);

@@ -23,7 +23,7 @@ class MpiTransport final : public Transport {
   void poll() override;
   bool test(Handle h) override;
   void abandon() override;
-  void idle(Clock::duration rest) override;
+  void idle(Clock::duration rest, bool messages_only) override;
 
  private:
   Handle take_slot(MPI_Request r);

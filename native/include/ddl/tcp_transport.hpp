@@ -8,7 +8,8 @@
 // A receive may be posted larger than the message (the executor's header mode does), never smaller.
 //
 // Waiting (idle): a run nobody waits for (rest > 0) blocks in epoll up to 1 ms, or rest where longer; a run its
-// caller waits for (rest 0) polls for 100 us after bytes last moved, then blocks the same way.
+// caller waits for (rest 0) polls for 100 us after bytes last moved, then blocks the same way. While blocks wait
+// on their hooks (the GPU's staging), never longer than rest.
 //
 // Set-up is two-step, so that Python decides where to connect: the constructor listens; connect() gets every
 // peer's candidate addresses (already chosen: loopback for a peer on this host) and port, and the job's nonce
@@ -44,7 +45,7 @@ class TcpTransport final : public Transport {
   Handle irecv(void* data, size_t nbytes, int peer, int tag) override;
   void poll() override;
   bool test(Handle h) override;
-  void idle(Clock::duration rest) override;
+  void idle(Clock::duration rest, bool messages_only) override;
   void abandon() override;
 
   // This machine's IPv4 addresses, interface by interface (loopback excluded): (interface, address).

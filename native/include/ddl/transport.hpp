@@ -42,9 +42,10 @@ class Transport {
   // True once the operation is complete (the handle is then released). Throws TransportError on failure.
   virtual bool test(Handle h) = 0;
   // Called while the executor has nothing to do. ``rest``: how long it may sleep before polling again (zero:
-  // not at all, the answer is expected soon). MPI's progress engine already yields when told to
-  // (mpi_yield_when_idle); threads of the loopback transport must yield to let their peers run.
-  virtual void idle(Clock::duration rest) { (void)rest; }
+  // not at all, the answer is expected soon). ``messages_only``: only a message can end the wait (false while
+  // blocks wait on their BlockHooks: then no longer than ``rest``). MPI's progress engine already yields when
+  // told to (mpi_yield_when_idle); threads of the loopback transport must yield to let their peers run.
+  virtual void idle(Clock::duration rest, bool messages_only) { (void)rest, (void)messages_only; }
   // Give up every outstanding operation after a failure; the transport is unusable afterwards.
   virtual void abandon() = 0;
 };
