@@ -67,18 +67,23 @@ def candidates(me: int, hosts: list[str], published: list[list[tuple[str, str]]]
 def executor(mpi_comm, hosts: list[str], timeout: float, yield_when_idle: bool):
     """An executor over ddl's TCP, connected to every rank of ``mpi_comm`` (collective over it)."""
     me = mpi_comm.rank
-    transport = _native.TcpTransport(me, mpi_comm.size, "", yield_when_idle)
-    published = mpi_comm.allgather((_native.TcpTransport.local_addresses(), transport.port))
-    nonce = mpi_comm.bcast(secrets.randbits(63) if me == 0 else None)
-    addresses = candidates(me, hosts, [p[0] for p in published], config.get("DDL_TCP_IFACE") or None)
+    transport, failed = None, None
     try:
-        transport.connect(addresses, [p[1] for p in published], nonce, min(timeout, 60.0))
-        failed = None
-    except DDLError as e:
-        failed = str(e)
+        transport = _native.TcpTransport(me, mpi_comm.size, "", yield_when_idle)
+        mine = (_native.TcpTransport.local_addresses(), transport.port)
+    except DDLError as e:  # (told to every rank below: none waits for a rank that cannot listen)
+        mine, failed = None, str(e)
+    published = mpi_comm.allgather(mine)
+    nonce = mpi_comm.bcast(secrets.randbits(63) if me == 0 else None)
+    if transport is not None and all(p is not None for p in published):
+        try:
+            addresses = candidates(me, hosts, [p[0] for p in published], config.get("DDL_TCP_IFACE") or None)
+            transport.connect(addresses, [p[1] for p in published], nonce, min(timeout, 60.0))
+        except DDLError as e:
+            failed = str(e)
     # every rank learns whether every rank connected: none goes on with a transport another rank lacks
     failures = [f for f in mpi_comm.allgather(failed) if f]
-    if failures:
-        raise DDLError(f"rank {me}: ddl's TCP connections failed ({failures[0]}); DDL_TRANSPORT=mpi runs over MPI "
-                       f"instead")
+    if failures or any(p is None for p in published):
+        why = failures[0] if failures else "a rank could not listen"
+        raise DDLError(f"rank {me}: ddl's TCP connections failed ({why}); DDL_TRANSPORT=mpi runs over MPI instead")
     return _native.Executor.tcp(transport)
