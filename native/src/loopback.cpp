@@ -6,8 +6,7 @@ namespace ddl {
 
 void LoopbackHub::complete(Op& send, Op& recv, int src, int dst) {
   if (send.nbytes > recv.nbytes) {
-    std::string e = "message of " + std::to_string(send.nbytes) + " bytes from rank " + std::to_string(src) +
-                    " truncated to " + std::to_string(recv.nbytes) + " at rank " + std::to_string(dst);
+    std::string e = truncation(send.nbytes, src, recv.nbytes, dst);
     send.error = recv.error = e;
   } else if (send.nbytes) {
     std::memcpy(recv.data, send.data, send.nbytes);
@@ -47,12 +46,6 @@ Handle LoopbackTransport::keep(std::shared_ptr<LoopbackHub::Op> op) {
   }
   slots_.push_back(std::move(op));
   return static_cast<Handle>(slots_.size() - 1);
-}
-
-static void check_peer(int peer, int size, int rank) {
-  if (peer < 0 || peer >= size)
-    throw TransportError("rank " + std::to_string(rank) + ": peer " + std::to_string(peer) + " outside 0.." +
-                         std::to_string(size - 1));
 }
 
 Handle LoopbackTransport::isend(const void* data, size_t nbytes, int peer, int tag) {

@@ -261,10 +261,8 @@ void TcpTransport::watch(int p, bool write) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, peer.fd, &ev);
 }
 
-static void check_peer(int peer, int size, int rank) {
-  if (peer < 0 || peer >= size)
-    throw TransportError("rank " + std::to_string(rank) + ": peer " + std::to_string(peer) + " outside 0.." +
-                         std::to_string(size - 1));
+std::deque<TcpTransport::Recv>::iterator TcpTransport::posted_for(Peer& peer, int tag) {
+  return std::find_if(peer.posted.begin(), peer.posted.end(), [&](const Recv& r) { return r.tag == tag; });
 }
 
 Handle TcpTransport::isend(const void* data, size_t nbytes, int peer, int tag) {
@@ -272,13 +270,12 @@ Handle TcpTransport::isend(const void* data, size_t nbytes, int peer, int tag) {
   const Handle h = take_slot();
   Peer& to = peers_[static_cast<size_t>(peer)];
   if (peer == rank_) {  // to itself: straight to the oldest matching receive, or kept until one is posted
-    auto match = std::find_if(to.posted.begin(), to.posted.end(), [&](const Recv& r) { return r.tag == tag; });
+    auto match = posted_for(to, tag);
     if (match == to.posted.end()) {
       const char* c = static_cast<const char*>(data);
       to.arrived.push_back(Arrived{tag, std::vector<char>(c, c + nbytes)});
     } else if (nbytes > match->capacity) {
-      finish(match->h, "message of " + std::to_string(nbytes) + " bytes truncated to " +
-                       std::to_string(match->capacity) + " at rank " + std::to_string(rank_));
+      finish(match->h, truncation(nbytes, rank_, match->capacity, rank_));
       to.posted.erase(match);
     } else {
       if (nbytes) std::memcpy(match->data, data, nbytes);
@@ -347,12 +344,9 @@ bool TcpTransport::begin_body(int p) {
   peer.in_body = true;
   peer.body = n;
   peer.body_got = 0;
-  auto match = std::find_if(peer.posted.begin(), peer.posted.end(), [&](const Recv& r) { return r.tag == tag; });
+  auto match = posted_for(peer, tag);
   if (match != peer.posted.end()) {
-    if (n > match->capacity)
-      throw TransportError("rank " + std::to_string(rank_) + ": message of " + std::to_string(n) +
-                           " bytes from rank " + std::to_string(p) + " truncated to " +
-                           std::to_string(match->capacity));
+    if (n > match->capacity) throw TransportError(truncation(n, p, match->capacity, rank_));
     peer.into = match->data;
     peer.target = match->h;
     peer.posted.erase(match);
@@ -374,15 +368,13 @@ void TcpTransport::end_body(int p) {
     return;
   }
   // Unexpected when its header came; a receive posted since takes it now (the oldest such).
-  auto match = std::find_if(peer.posted.begin(), peer.posted.end(), [&](const Recv& r) { return r.tag == tag; });
+  auto match = posted_for(peer, tag);
   if (match == peer.posted.end()) {
     peer.arrived.push_back(Arrived{tag, std::move(peer.unexpected)});
     peer.unexpected = {};
     return;
   }
-  if (peer.body > match->capacity)
-    throw TransportError("rank " + std::to_string(rank_) + ": message of " + std::to_string(peer.body) +
-                         " bytes from rank " + std::to_string(p) + " truncated to " + std::to_string(match->capacity));
+  if (peer.body > match->capacity) throw TransportError(truncation(peer.body, p, match->capacity, rank_));
   if (peer.body) std::memcpy(match->data, peer.unexpected.data(), peer.body);
   finish(match->h);
   peer.posted.erase(match);
@@ -428,8 +420,7 @@ Handle TcpTransport::irecv(void* data, size_t nbytes, int peer, int tag) {
   auto match = std::find_if(from.arrived.begin(), from.arrived.end(), [&](const Arrived& a) { return a.tag == tag; });
   if (match != from.arrived.end()) {
     if (match->data.size() > nbytes) {
-      finish(h, "message of " + std::to_string(match->data.size()) + " bytes from rank " + std::to_string(peer) +
-                    " truncated to " + std::to_string(nbytes) + " at rank " + std::to_string(rank_));
+      finish(h, truncation(match->data.size(), peer, nbytes, rank_));
     } else {
       if (!match->data.empty()) std::memcpy(data, match->data.data(), match->data.size());
       finish(h);
@@ -442,15 +433,16 @@ Handle TcpTransport::irecv(void* data, size_t nbytes, int peer, int tag) {
   return h;
 }
 
-void TcpTransport::wait_events(int timeout_us) {
+void TcpTransport::wait_events(Clock::duration timeout) {
+  const int64_t timeout_us = std::chrono::duration_cast<std::chrono::microseconds>(timeout).count();
   epoll_event events[64];
   int n;
   if (timeout_us <= 0) {
     n = epoll_wait(epoll_fd_, events, 64, 0);
   } else {
-    timespec ts{timeout_us / 1000000, static_cast<long>(timeout_us % 1000000) * 1000};
+    timespec ts{static_cast<time_t>(timeout_us / 1000000), static_cast<long>(timeout_us % 1000000) * 1000};
     n = epoll_pwait2(epoll_fd_, events, 64, &ts, nullptr);
-    if (n < 0 && errno == ENOSYS) n = epoll_wait(epoll_fd_, events, 64, (timeout_us + 999) / 1000);
+    if (n < 0 && errno == ENOSYS) n = epoll_wait(epoll_fd_, events, 64, static_cast<int>((timeout_us + 999) / 1000));
   }
   for (int i = 0; i < n; ++i) {
     const int p = static_cast<int>(events[i].data.u32);
@@ -459,7 +451,7 @@ void TcpTransport::wait_events(int timeout_us) {
   }
 }
 
-void TcpTransport::poll() { wait_events(0); }
+void TcpTransport::poll() { wait_events(Clock::duration::zero()); }
 
 bool TcpTransport::test(Handle h) {
   Op& op = slots_[static_cast<size_t>(h)];
@@ -473,20 +465,19 @@ bool TcpTransport::test(Handle h) {
 void TcpTransport::idle(Clock::duration rest, bool messages_only) {
   if (!messages_only) {  // a block waits on something else too (the GPU's staging): never past the rest asked
     if (rest > Clock::duration::zero())
-      wait_events(static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(rest).count()));
+      wait_events(rest);
     else if (yield_when_idle_)
       sched_yield();
     return;
   }
   if (rest > Clock::duration::zero()) {
-    const auto wait = std::max(rest, Clock::duration(kLongestEventWait));
-    wait_events(static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(wait).count()));
+    wait_events(std::max(rest, Clock::duration(kLongestEventWait)));
     return;
   }
   // A caller waits: poll a while (the answer to a small call is usually that near), then block too; ranks
   // that share cores (and a late peer) would otherwise spin the cores the others need.
   if (Clock::now() - last_moved_ > kSpinBeforeBlocking) {
-    wait_events(static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(kLongestEventWait).count()));
+    wait_events(kLongestEventWait);
     return;
   }
   if (yield_when_idle_) sched_yield();

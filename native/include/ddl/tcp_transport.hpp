@@ -94,9 +94,10 @@ class TcpTransport final : public Transport {
   void finish(Handle h, std::string error = {});
   void flush(int p);
   void drain(int p);
+  std::deque<Recv>::iterator posted_for(Peer& peer, int tag);  // the oldest receive posted for tag
   bool begin_body(int p);
   void end_body(int p);
-  void wait_events(int timeout_us);
+  void wait_events(Clock::duration timeout);  // zero: poll once without waiting
   void lost(int p, const std::string& why, bool surely = false);
   void watch(int p, bool write);
 

@@ -27,6 +27,19 @@ struct RankFailure : TransportError {
   std::vector<int> ranks;
 };
 
+// The checks every transport makes, in one wording: a peer outside the communicator; a message longer than the
+// receive posted for it.
+inline void check_peer(int peer, int size, int rank) {
+  if (peer < 0 || peer >= size)
+    throw TransportError("rank " + std::to_string(rank) + ": peer " + std::to_string(peer) + " outside 0.." +
+                         std::to_string(size - 1));
+}
+
+inline std::string truncation(size_t nbytes, int from, size_t capacity, int at) {
+  return "message of " + std::to_string(nbytes) + " bytes from rank " + std::to_string(from) + " truncated to " +
+         std::to_string(capacity) + " at rank " + std::to_string(at);
+}
+
 class Transport {
  public:
   virtual ~Transport() = default;
