@@ -101,6 +101,7 @@ struct PyRunOptions {
   double factor = 1.0;            // result scaled by this (avg) once reduced
   nccl::Group* group = nullptr;   // staging: the GPU block at `device` runs through the (pinned) buffer
   uintptr_t device = 0;
+  int64_t check = 0;              // the call's hash, checked on receipt where the transport can (no agreement)
 };
 
 RunOptions native_options(const PyRunOptions& o) {
@@ -109,6 +110,7 @@ RunOptions native_options(const PyRunOptions& o) {
   opt.op = o.op;
   opt.timeout_s = o.timeout;
   opt.label = o.label;
+  opt.check = o.check;
   if (o.header) {
     opt.header_mode = true;
     opt.header[0] = *o.header;
@@ -412,26 +414,29 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<PyRunOptions>(m, "RunOptions")
       .def(py::init([](DType dtype, ReduceOp op, double timeout, std::string label, std::optional<int64_t> header,
-                       int64_t capacity, double factor, nccl::Group* group, uintptr_t device) {
+                       int64_t capacity, double factor, nccl::Group* group, uintptr_t device, int64_t check) {
              PyRunOptions o;
              o.dtype = dtype, o.op = op, o.timeout = timeout, o.label = std::move(label), o.header = header;
-             o.capacity = capacity, o.factor = factor, o.group = group, o.device = device;
+             o.capacity = capacity, o.factor = factor, o.group = group, o.device = device, o.check = check;
              return o;
            }),
            py::arg("dtype"), py::arg("op") = ReduceOp::sum, py::arg("timeout") = 300.0,
            py::arg("label") = "collective", py::arg("header") = py::none(), py::arg("capacity") = 0,
-           py::arg("factor") = 1.0, py::arg("group") = nullptr, py::arg("device") = 0,
+           py::arg("factor") = 1.0, py::arg("group") = nullptr, py::arg("device") = 0, py::arg("check") = 0,
            py::keep_alive<1, 9>(),  // the options keep the NCCL group they stage through alive
            "How a run goes: element type and op, deadline and label; header: the agreement hash every message "
            "carries (merged by max, with -hash); capacity: payload bytes a header-mode receive accepts; factor: "
-           "the result is scaled by it; group and device: stage the GPU block at `device` through the buffer.")
+           "the result is scaled by it; group and device: stage the GPU block at `device` through the buffer; "
+           "check: the call's hash, compared on receipt where the transport can (ddl's TCP), instead of an "
+           "agreement round before the run.")
       .def_readonly("dtype", &PyRunOptions::dtype)
       .def_readonly("op", &PyRunOptions::op)
       .def_readonly("timeout", &PyRunOptions::timeout)
       .def_readonly("label", &PyRunOptions::label)
       .def_readonly("header", &PyRunOptions::header)
       .def_readonly("capacity", &PyRunOptions::capacity)
-      .def_readonly("factor", &PyRunOptions::factor);
+      .def_readonly("factor", &PyRunOptions::factor)
+      .def_readonly("check", &PyRunOptions::check);
 
   py::class_<Program>(m, "Program")
       .def(py::init(&program_from_rows), py::arg("rows"), py::arg("scratch_elems"), py::arg("tags"),

@@ -67,8 +67,10 @@ class Run {
         free_slots.pop_back();
         progressed = true;
       }
-      if (active.empty() && next == plan_.blocks.size()) break;
+      if (active.empty() && next == plan_.blocks.size() && t_.settled()) break;
       t_.poll();
+      t_.settled();  // (the run's check, compared as soon as it has come: a rank that waits on data may never)
+      if (!t_.mismatch().empty()) throw CallMismatch(t_.mismatch());
       for (size_t i = 0; i < active.size();) {
         progressed |= advance(active[i]);
         if (active[i].round == active[i].rounds()) {
@@ -231,6 +233,9 @@ class Run {
     std::snprintf(seconds, sizeof seconds, "%g", opt_.timeout_s);
     std::string what = "rank " + std::to_string(t_.rank()) + ": " + opt_.label + " made no progress for " +
                        seconds + " s (DDL_TIMEOUT)";
+    if (active.empty() && next == plan_.blocks.size())
+      throw TransportError(what + "; waiting for rank " + std::to_string((t_.rank() + t_.size() - 1) % t_.size()) +
+                           " to say which call it made");
     if (active.empty())
       throw TransportError(what + "; block " + std::to_string(next) + "'s data never became ready (a copy from "
                            "the GPU did not finish)");
@@ -342,14 +347,20 @@ void Executor::run(const Plan& plan, void* buf, RunOptions& opt) {
   }
   try {
     const bool resting = rest_longest_ > Clock::duration::zero() && opt.bytes >= rest_from_;
+    t_->begin_run(opt.check, opt.label);
     Run(*t_, plan, static_cast<char*>(buf), opt, arena_, resting ? rest_longest_ : Clock::duration::zero(), rests_,
         waiting_)
         .go();
+    t_->end_run();
     if (rec) rec->end_ns = clock_ns(), rec->state = 1;
     if (spans_.size() > kMaxSpans) {  // nobody took them: keep the oldest, count the rest
       dropped_ += static_cast<int64_t>(spans_.size() - std::max(before, kMaxSpans));
       spans_.resize(std::max(before, kMaxSpans));
     }
+  } catch (const CallMismatch&) {  // ranks called differently: this run is dropped, the transport goes on
+    if (rec) rec->end_ns = clock_ns(), rec->state = 2;
+    t_->abandon_run();
+    throw;
   } catch (const std::exception& e) {
     if (rec) rec->end_ns = clock_ns(), rec->state = 2;
     // Whatever stopped the run, messages of it may still be posted: cancel them and refuse further runs,

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <thread>
 
 namespace ddl {
@@ -34,6 +35,12 @@ constexpr auto kLongestEventWait = std::chrono::milliseconds(1);
 // after this, for 2.5 CPU-seconds over the ranks instead of 3.4; T1's 8 B-1 MiB calls: no difference beyond
 // the noise (0, 100 us, 1 ms and never).
 constexpr auto kSpinBeforeBlocking = std::chrono::microseconds(100);
+// A tag on the wire: [run | check | tag] (Transport::begin_run), the executor's tags below the top two.
+constexpr int kTagBits = 24, kCheckBits = 16, kRunBits = 24;
+constexpr uint64_t kTagMask = (uint64_t{1} << kTagBits) - 1, kCheckMask = (uint64_t{1} << kCheckBits) - 1,
+                   kRunMask = (uint64_t{1} << kRunBits) - 1;
+constexpr int64_t kNoticeTag = static_cast<int64_t>(kTagMask), kAbortTag = kNoticeTag - 1;
+constexpr size_t kNoticeBytes = 256;  // a notice: the call's hash and (the start of) its text
 
 struct Hello {
   uint32_t magic;
@@ -261,13 +268,34 @@ void TcpTransport::watch(int p, bool write) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, peer.fd, &ev);
 }
 
-std::deque<TcpTransport::Recv>::iterator TcpTransport::posted_for(Peer& peer, int tag) {
+std::deque<TcpTransport::Recv>::iterator TcpTransport::posted_for(Peer& peer, int64_t tag) {
   return std::find_if(peer.posted.begin(), peer.posted.end(), [&](const Recv& r) { return r.tag == tag; });
 }
 
+int64_t TcpTransport::wire(int64_t run, int64_t check, int64_t tag) const {
+  const uint64_t c = check ? ((static_cast<uint64_t>(check) & kCheckMask) | 1) : 0;  // (a checked run's is never 0)
+  return static_cast<int64_t>(((static_cast<uint64_t>(run) & kRunMask) << (kTagBits + kCheckBits)) |
+                              (c << kTagBits) | (static_cast<uint64_t>(tag) & kTagMask));
+}
+
+int64_t TcpTransport::run_of(int64_t w) const {
+  const uint64_t theirs = (static_cast<uint64_t>(w) >> (kTagBits + kCheckBits)) & kRunMask;
+  int64_t d = static_cast<int64_t>((theirs - static_cast<uint64_t>(run_)) & kRunMask);
+  if (d >= int64_t{1} << (kRunBits - 1)) d -= int64_t{1} << kRunBits;  // behind this rank's run, or ahead
+  return run_ + d;
+}
+
 Handle TcpTransport::isend(const void* data, size_t nbytes, int peer, int tag) {
+  return send_wire(data, nbytes, peer, wire(run_, check_, tag));
+}
+
+Handle TcpTransport::irecv(void* data, size_t nbytes, int peer, int tag) {
+  return recv_wire(data, nbytes, peer, wire(run_, check_, tag));
+}
+
+Handle TcpTransport::send_wire(const void* data, size_t nbytes, int peer, int64_t tag, std::vector<char> own) {
   check_peer(peer, size_, rank_);
-  const Handle h = take_slot();
+  const Handle h = own.empty() ? take_slot() : -1;  // (the transport's own messages: nobody tests them)
   Peer& to = peers_[static_cast<size_t>(peer)];
   if (peer == rank_) {  // to itself: straight to the oldest matching receive, or kept until one is posted
     auto match = posted_for(to, tag);
@@ -282,12 +310,13 @@ Handle TcpTransport::isend(const void* data, size_t nbytes, int peer, int tag) {
       finish(match->h);
       to.posted.erase(match);
     }
-    finish(h);
+    if (h >= 0) finish(h);
     return h;
   }
   if (to.closed) lost(peer, "closed before this send", true);
-  Send s{h, static_cast<const char*>(data), nbytes, 0, {tag, static_cast<int64_t>(nbytes)}};
-  to.sends.push_back(s);
+  to.sends.push_back(Send{h, static_cast<const char*>(data), nbytes, 0, {tag, static_cast<int64_t>(nbytes)},
+                          std::move(own)});
+  if (!to.sends.back().own.empty()) to.sends.back().data = to.sends.back().own.data();
   if (!to.want_write) flush(peer);  // on the wire at once where the socket has room
   return h;
 }
@@ -329,7 +358,7 @@ void TcpTransport::flush(int p) {
       s.sent += now;
       wrote -= now;
       if (s.sent == kHeader + s.nbytes) {
-        finish(s.h);
+        if (s.h >= 0) finish(s.h);
         peer.sends.pop_front();
       }
     }
@@ -339,7 +368,7 @@ void TcpTransport::flush(int p) {
 
 bool TcpTransport::begin_body(int p) {
   Peer& peer = peers_[static_cast<size_t>(p)];
-  const int tag = static_cast<int>(peer.header[0]);
+  const int64_t tag = peer.header[0];
   const size_t n = static_cast<size_t>(peer.header[1]);
   peer.in_body = true;
   peer.body = n;
@@ -360,7 +389,7 @@ bool TcpTransport::begin_body(int p) {
 
 void TcpTransport::end_body(int p) {
   Peer& peer = peers_[static_cast<size_t>(p)];
-  const int tag = static_cast<int>(peer.header[0]);
+  const int64_t tag = peer.header[0];
   peer.in_body = false;
   peer.header_got = 0;
   if (peer.target >= 0) {
@@ -370,7 +399,7 @@ void TcpTransport::end_body(int p) {
   // Unexpected when its header came; a receive posted since takes it now (the oldest such).
   auto match = posted_for(peer, tag);
   if (match == peer.posted.end()) {
-    peer.arrived.push_back(Arrived{tag, std::move(peer.unexpected)});
+    if (keep(p, tag, peer.unexpected)) peer.arrived.push_back(Arrived{tag, std::move(peer.unexpected)});
     peer.unexpected = {};
     return;
   }
@@ -413,7 +442,7 @@ void TcpTransport::drain(int p) {
   }
 }
 
-Handle TcpTransport::irecv(void* data, size_t nbytes, int peer, int tag) {
+Handle TcpTransport::recv_wire(void* data, size_t nbytes, int peer, int64_t tag) {
   check_peer(peer, size_, rank_);
   const Handle h = take_slot();
   Peer& from = peers_[static_cast<size_t>(peer)];
@@ -491,6 +520,126 @@ void TcpTransport::abandon() {
   }
   slots_.clear();
   free_.clear();
+}
+
+// -- runs checked on receipt --------------------------------------------------------------------------------
+
+void TcpTransport::begin_run(int64_t check, const std::string& label) {
+  // An earlier run that others raised for and this rank finished: raised now, before this run takes a number
+  // (so the next run is everyone's next).
+  for (auto it = aborts_.begin(); it != aborts_.end() && it->first <= run_;) {
+    if (raised_.count(it->first)) {
+      it = aborts_.erase(it);
+      continue;
+    }
+    const std::string what = it->second + " (a call this rank had finished; raised at its next)";
+    raised_.insert(it->first);
+    aborts_.erase(it);
+    throw CallMismatch(what);
+  }
+  ++run_;
+  in_run_ = true, check_ = check, label_ = label, settled_ = true;
+  mismatch_.clear();
+  while (!raised_.empty() && *raised_.begin() < run_ - 64) raised_.erase(raised_.begin());
+  for (Peer& peer : peers_)  // what earlier runs left (an abandoned run's messages) is read by none
+    peer.arrived.erase(std::remove_if(peer.arrived.begin(), peer.arrived.end(),
+                                      [&](const Arrived& a) { return run_of(a.tag) < run_; }),
+                       peer.arrived.end());
+  auto told = aborts_.find(run_);
+  if (told != aborts_.end()) {  // a rank has already found this run's calls to differ
+    mismatch_ = told->second;
+    raised_.insert(run_);
+    aborts_.erase(told);
+    return;
+  }
+  if (size_ < 2) return;
+  const int prev = (rank_ + size_ - 1) % size_, next = (rank_ + 1) % size_;
+  if (check == 0) {  // a notice already here for this run: its sender made a call this rank did not
+    for (int p = 0; p < size_; ++p)
+      for (const Arrived& a : peers_[static_cast<size_t>(p)].arrived)
+        if ((a.tag & static_cast<int64_t>(kTagMask)) == kNoticeTag && run_of(a.tag) == run_) {
+          differs(p, std::string(a.data.begin() + sizeof(int64_t), a.data.end()));
+          return;
+        }
+    return;
+  }
+  settled_ = false;
+  notice_in_.assign(kNoticeBytes, 0);
+  notice_ = recv_wire(notice_in_.data(), kNoticeBytes, prev, wire(run_, 0, kNoticeTag));
+  std::vector<char> notice(sizeof check + std::min(label.size(), kNoticeBytes - sizeof check));
+  std::memcpy(notice.data(), &check, sizeof check);
+  std::memcpy(notice.data() + sizeof check, label.data(), notice.size() - sizeof check);
+  const size_t bytes = notice.size();  // (before the move: arguments are evaluated in no set order)
+  send_wire(nullptr, bytes, next, wire(run_, 0, kNoticeTag), std::move(notice));
+}
+
+bool TcpTransport::settled() {
+  if (settled_) return true;
+  if (notice_ < 0 || !slots_[static_cast<size_t>(notice_)].done) return false;
+  free_.push_back(notice_);
+  notice_ = -1;
+  int64_t theirs = 0;
+  std::memcpy(&theirs, notice_in_.data(), sizeof theirs);
+  if (theirs == check_) return settled_ = true;
+  const char* text = notice_in_.data() + sizeof theirs;
+  differs((rank_ + size_ - 1) % size_, std::string(text, strnlen(text, kNoticeBytes - sizeof theirs)));
+  return false;
+}
+
+bool TcpTransport::keep(int p, int64_t tag, const std::vector<char>& data) {
+  const int64_t run = run_of(tag), local = tag & static_cast<int64_t>(kTagMask);
+  if (local == kAbortTag) {  // a rank found this run's calls to differ
+    if (raised_.count(run)) return false;
+    const std::string what = "rank " + std::to_string(rank_) + ": " + std::string(data.begin(), data.end());
+    if (run == run_ && in_run_) {
+      mismatch_ = what;
+      raised_.insert(run);
+    } else {
+      aborts_.emplace(run, what);
+    }
+    return false;
+  }
+  if (run < run_ || (run == run_ && !in_run_)) return false;  // an abandoned run's, late
+  if (local == kNoticeTag && run == run_ && check_ == 0) {  // a checked call where this rank made another
+    differs(p, std::string(data.begin() + sizeof(int64_t), data.end()));
+    return false;
+  }
+  return true;
+}
+
+void TcpTransport::differs(int p, const std::string& theirs) {
+  if (!mismatch_.empty()) return;
+  const std::string text = "ranks called ddl differently: ranks " + std::to_string(p) + ": " + theirs +
+                           "; ranks " + std::to_string(rank_) + ": " + label_;
+  mismatch_ = "rank " + std::to_string(rank_) + ": " + text;
+  raised_.insert(run_);
+  const std::string told = text + " (found by rank " + std::to_string(rank_) + ")";
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_ && !peers_[static_cast<size_t>(q)].closed)
+      send_wire(nullptr, told.size(), q, wire(run_, 0, kAbortTag), std::vector<char>(told.begin(), told.end()));
+}
+
+void TcpTransport::abandon_run() {
+  for (Peer& peer : peers_) {
+    for (const Recv& r : peer.posted) free_.push_back(r.h);
+    peer.posted.clear();
+    if (peer.in_body && peer.target >= 0) {  // coming into the caller's buffer: into one of ours instead (dropped)
+      free_.push_back(peer.target);
+      peer.unexpected.resize(peer.body);
+      peer.into = peer.unexpected.data();
+      peer.target = -1;
+    }
+    for (Send& s : peer.sends) {  // sent on from copies: the caller may reuse its buffers at once
+      if (s.own.empty() && s.nbytes) {
+        s.own.assign(s.data, s.data + s.nbytes);
+        s.data = s.own.data();
+      }
+      if (s.h >= 0) free_.push_back(s.h);
+      s.h = -1;
+    }
+  }
+  notice_ = -1;
+  in_run_ = false, settled_ = true;
 }
 
 }  // namespace ddl

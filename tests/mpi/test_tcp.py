@@ -46,3 +46,17 @@ def test_every_collective_over_tcp(over_tcp):
     handles = [over_tcp.allreduce_async(np.full(50_000, RANK + k, np.float32)) for k in range(3)]
     for k, h in enumerate(handles):
         np.testing.assert_array_equal(h.wait(60), np.full(50_000, SIZE * (SIZE - 1) / 2 + SIZE * k, np.float32))
+
+
+def test_a_checked_allreduce_that_ranks_call_differently_raises_everywhere(over_tcp):
+    """A mid-size allreduce over TCP has no agreement round: the last rank's other shape is found on receipt,
+    every rank raises MismatchError naming both shapes, and the next call gets only its own messages."""
+    if SIZE == 1:
+        pytest.skip("one rank: nothing to differ from")
+    from ddl import MismatchError
+
+    n = 200_000 + (RANK == SIZE - 1)
+    with pytest.raises(MismatchError, match=r"ranks called ddl differently") as raised:
+        over_tcp.allreduce(np.ones(n, np.float32))
+    assert "shape=(200000,)" in str(raised.value) and "shape=(200001,)" in str(raised.value)
+    assert_reduced(over_tcp.allreduce(contribution(RANK, 200_000, np.float32, "sum")), 200_000, np.float32, "sum")

@@ -106,6 +106,66 @@ def test_a_mismatch_over_tcp_raises_on_every_rank():
         assert isinstance(e, MismatchError) and "ranks 1: allreduce(shape=(500,)" in str(e)
 
 
+N_CHECKED = 100_000  # float32: 400 KB, above what rides in the agreement round, within CHECKED_UP_TO
+
+
+def test_a_checked_allreduce_has_no_agreement_round_and_names_the_ranks_that_differ():
+    """Over TCP a mid-size allreduce is checked on receipt: ranks that called with other shapes all raise at
+    once (not at the deadline), naming both calls; neither the input (in place) nor ``out`` changes; the next
+    call is read by no message of the failed one."""
+    cs = comms(3)
+    assert "checked on receipt" in cs[0].explain(4 * N_CHECKED).path
+    assert "after an agreement round" in cs[0].explain(8 << 20).path
+
+    def body(c):
+        a, out = np.full(N_CHECKED - (c.rank == 1), 5.0, np.float32), np.zeros(N_CHECKED - (c.rank == 1), np.float32)
+        try:
+            c.allreduce(a, out=out) if c.rank else c.allreduce(a, out=a)
+        finally:
+            assert (a == 5.0).all() and (out == 0.0).all()
+
+    started = time.monotonic()
+    _, errors = spawn_on(cs, body)
+    assert time.monotonic() - started < BASE.timeout / 2
+    for r, e in enumerate(errors):
+        assert isinstance(e, MismatchError), (r, e)
+        assert str(e).startswith(f"rank {r}: ranks called ddl differently") and \
+            f"allreduce(shape=({N_CHECKED - 1},)" in str(e) and f"allreduce(shape=({N_CHECKED},)" in str(e)
+    for _ in range(2):
+        got = run_ok(cs, lambda c: c.allreduce(np.arange(N_CHECKED, dtype=np.float32) + c.rank))
+        for g in got:
+            np.testing.assert_array_equal(g, 3 * np.arange(N_CHECKED, dtype=np.float32) + 3)
+
+
+def test_a_checked_reduce_scatter_raises_on_every_rank_and_the_next_is_right():
+    cs = comms(3)
+    assert "checked on receipt" in cs[0].explain(12 * N_CHECKED, "reduce_scatter").path
+    _, errors = spawn_on(cs, lambda c: c.reduce_scatter(np.ones((3, N_CHECKED + (c.rank == 2)), np.float32)))
+    for r, e in enumerate(errors):
+        assert isinstance(e, MismatchError) and f"shape=(3, {N_CHECKED + 1})" in str(e), (r, e)
+    got = run_ok(cs, lambda c: c.reduce_scatter(np.arange(3 * N_CHECKED, dtype=np.float32).reshape(3, -1) * (c.rank + 1)))
+    for r, g in enumerate(got):
+        np.testing.assert_array_equal(g.reshape(-1), 6 * np.arange(r * N_CHECKED, (r + 1) * N_CHECKED, dtype=np.float32))
+
+
+def test_a_checked_allreduce_beside_an_agreed_call_raises_on_every_rank():
+    """One rank's broadcast begins with an agreement round where the others' allreduce has none: the rank
+    that meets the other kind of call tells the rest, and all go on together afterwards."""
+    cs = comms(4, hierarchy=[[0, 1], [2, 3]])
+    for odd in (0, 2, 3):
+        def body(c):
+            a = np.full(N_CHECKED, 2.0, np.float32)
+            return c.broadcast(a, root=1) if c.rank == odd else c.allreduce(a)
+
+        _, errors = spawn_on(cs, body)
+        for r, e in enumerate(errors):
+            assert isinstance(e, MismatchError) and "broadcast(shape=" in str(e) and "allreduce(shape=" in str(e), \
+                (odd, r, e)
+        got = run_ok(cs, lambda c: c.allreduce(np.full(N_CHECKED, c.rank, np.float64)))
+        for g in got:
+            np.testing.assert_array_equal(g, np.full(N_CHECKED, 6.0))
+
+
 def test_a_rank_that_goes_away_is_named_before_the_deadline():
     transports = connected(2)
     survivor = Communicator(_native.Executor.tcp(transports[0]), 0, 2, replace(BASE, timeout=60.0))

@@ -91,6 +91,7 @@ struct RunOptions {
   BlockHooks* hooks = nullptr;     // not owned
   std::vector<RoundSpan>* spans = nullptr;  // when set, one span per block round is appended (not owned)
   int64_t bytes = 0;               // the buffer's size, for the flight recorder
+  int64_t check = 0;               // nonzero: the call's hash, checked on receipt (Transport::begin_run)
 };
 
 // One run as the flight recorder keeps it (ddl.core.flight): its number on this executor (the same run has

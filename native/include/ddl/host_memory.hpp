@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "ddl/reduce.hpp"
+#include "ddl/transport.hpp"
 
 namespace ddl {
 
@@ -49,10 +50,7 @@ struct HostCall {
   bool run_ahead = false;   // a small broadcast may run ahead (a call every rank has made before)
 };
 
-// Ranks called differently, seen by this rank only (a run-ahead step): raised here, not reported collectively.
-struct CallMismatch : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+// (CallMismatch, transport.hpp: ranks called differently, seen by this rank only, as in a run-ahead step)
 
 class HostMemory {
  public:

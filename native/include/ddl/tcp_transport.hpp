@@ -3,9 +3,16 @@
 // blocks in epoll and the kernel wakes it when bytes arrive or room frees up, and large messages go out and
 // come in with few, large system calls straight from and into the caller's buffers.
 //
-// Messages are [tag int32 | 0 int32 | bytes int64 | data]. Order per (peer, tag) is MPI's: a message matches
-// the oldest receive posted for it; one that arrives first waits in a buffer of its own until one is posted.
-// A receive may be posted larger than the message (the executor's header mode does), never smaller.
+// Messages are [tag int64 | bytes int64 | data]. Order per (peer, tag) is MPI's: a message matches the oldest
+// receive posted for it; one that arrives first waits in a buffer of its own until one is posted. A receive may
+// be posted larger than the message (the executor's header mode does), never smaller.
+//
+// Runs checked on receipt (Transport::begin_run): the tag on the wire is [run 24 bits | check 16 | tag 24], so a
+// message is only read by the run, and the call, that sent it; one of an earlier run is dropped. A checked run
+// sends its call's hash and text to the next rank (a notice) and ends only once the previous rank's has come
+// and equals its own: around the ring every rank's call is then every other's. A rank that finds a difference
+// (or a notice in a run that has none, which an agreement round began) tells every rank (an abort), and each
+// raises CallMismatch in that run, or, having finished it, at its next.
 //
 // Waiting (idle): a run nobody waits for (rest > 0) blocks in epoll up to 1 ms, or rest where longer; a run its
 // caller waits for (rest 0) polls for 100 us after bytes last moved, then blocks the same way. While blocks wait
@@ -17,7 +24,9 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,7 +48,7 @@ class TcpTransport final : public Transport {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  int max_tag() const override { return (1 << 30) - 1; }
+  int max_tag() const override { return (1 << 24) - 3; }  // (the top two tags: notices, aborts)
   std::string name() const override { return "tcp"; }
   Handle isend(const void* data, size_t nbytes, int peer, int tag) override;
   Handle irecv(void* data, size_t nbytes, int peer, int tag) override;
@@ -47,6 +56,11 @@ class TcpTransport final : public Transport {
   bool test(Handle h) override;
   void idle(Clock::duration rest, bool messages_only) override;
   void abandon() override;
+  void begin_run(int64_t check, const std::string& label) override;
+  bool settled() override;
+  const std::string& mismatch() const override { return mismatch_; }
+  void end_run() override { in_run_ = false; }
+  void abandon_run() override;
 
   // This machine's IPv4 addresses, interface by interface (loopback excluded): (interface, address).
   static std::vector<std::pair<std::string, std::string>> local_addresses();
@@ -57,20 +71,21 @@ class TcpTransport final : public Transport {
     std::string error;
   };
   struct Send {
-    Handle h;
+    Handle h;  // -1: nobody waits for it (a notice, an abort, a send of an abandoned run)
     const char* data;
     size_t nbytes;
     size_t sent = 0;  // of header and data together
     int64_t header[2];
+    std::vector<char> own;  // the data, where the transport keeps its own copy
   };
   struct Recv {
     Handle h;
     char* data;
     size_t capacity;
-    int tag;
+    int64_t tag;
   };
   struct Arrived {  // a message no receive was posted for yet
-    int tag;
+    int64_t tag;
     std::vector<char> data;
   };
   struct Peer {
@@ -94,7 +109,13 @@ class TcpTransport final : public Transport {
   void finish(Handle h, std::string error = {});
   void flush(int p);
   void drain(int p);
-  std::deque<Recv>::iterator posted_for(Peer& peer, int tag);  // the oldest receive posted for tag
+  std::deque<Recv>::iterator posted_for(Peer& peer, int64_t tag);  // the oldest receive posted for tag
+  Handle send_wire(const void* data, size_t nbytes, int peer, int64_t wire, std::vector<char> own = {});
+  Handle recv_wire(void* data, size_t nbytes, int peer, int64_t wire);
+  int64_t wire(int64_t run, int64_t check, int64_t tag) const;
+  int64_t run_of(int64_t wire) const;  // the run a message belongs to (its 24 bits, near this rank's)
+  bool keep(int p, int64_t wire, const std::vector<char>& data);  // an unexpected message: kept, or dropped
+  void differs(int p, const std::string& theirs);  // ranks called differently: raise here, tell every rank
   bool begin_body(int p);
   void end_body(int p);
   void wait_events(Clock::duration timeout);  // zero: poll once without waiting
@@ -108,6 +129,14 @@ class TcpTransport final : public Transport {
   std::vector<Op> slots_;
   std::vector<Handle> free_;
   Clock::time_point last_moved_ = Clock::now();  // when bytes last went out or came in
+  // runs checked on receipt
+  int64_t run_ = 0, check_ = 0;  // this rank's latest run and its check (0: none)
+  bool in_run_ = false, settled_ = true;
+  std::string label_, mismatch_;
+  Handle notice_ = -1;             // the previous rank's notice, this run's
+  std::vector<char> notice_in_;
+  std::map<int64_t, std::string> aborts_;  // runs that others raised for, not yet raised for here
+  std::set<int64_t> raised_;               // runs raised for here (a second abort of one is ignored)
 };
 
 }  // namespace ddl

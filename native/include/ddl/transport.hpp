@@ -61,6 +61,29 @@ class Transport {
   virtual void idle(Clock::duration rest, bool messages_only) { (void)rest, (void)messages_only; }
   // Give up every outstanding operation after a failure; the transport is unusable afterwards.
   virtual void abandon() = 0;
+
+  // Runs checked on receipt, where the transport can (ddl's TCP): every run has a number, the same on every
+  // rank, that its messages carry, so a message is only ever read by the run that sent it; ``check`` (nonzero:
+  // the call's hash, no agreement round before it) is compared with the ranks' beside it on the way, and a
+  // difference reaches every rank as a CallMismatch. Throws CallMismatch at once where an earlier run of this
+  // rank's turned out to be one that others called differently.
+  virtual void begin_run(int64_t check, const std::string& label) { (void)check, (void)label; }
+  // Whether the run's check has come back (always, for a run without one): a run ends only once it has.
+  virtual bool settled() { return true; }
+  virtual void end_run() {}  // the run finished
+  // Why the run cannot go on ("" while nothing says so): set when ranks turn out to have called differently.
+  virtual const std::string& mismatch() const {
+    static const std::string none;
+    return none;
+  }
+  // After a mismatch: the run's posted receives dropped, its sends finished from copies of their data (the
+  // caller's buffers are its own again); the transport goes on with the next run.
+  virtual void abandon_run() {}
+};
+
+// Ranks called ddl differently (the Python side raises MismatchError).
+struct CallMismatch : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 }  // namespace ddl
