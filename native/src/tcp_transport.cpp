@@ -36,7 +36,7 @@ constexpr auto kLongestEventWait = std::chrono::milliseconds(1);
 // the noise (0, 100 us, 1 ms and never).
 constexpr auto kSpinBeforeBlocking = std::chrono::microseconds(100);
 // A tag on the wire: [run | check | tag] (Transport::begin_run), the executor's tags below the top two.
-constexpr int kTagBits = 24, kCheckBits = 16, kRunBits = 24;
+constexpr int kTagBits = 24, kCheckBits = 20, kRunBits = 20;
 constexpr uint64_t kTagMask = (uint64_t{1} << kTagBits) - 1, kCheckMask = (uint64_t{1} << kCheckBits) - 1,
                    kRunMask = (uint64_t{1} << kRunBits) - 1;
 constexpr int64_t kNoticeTag = static_cast<int64_t>(kTagMask), kAbortTag = kNoticeTag - 1;
@@ -525,6 +525,7 @@ void TcpTransport::abandon() {
 // -- runs checked on receipt --------------------------------------------------------------------------------
 
 void TcpTransport::begin_run(int64_t check, const std::string& label) {
+  wait_events(Clock::duration::zero());  // (an abort already sent is read before this run starts)
   // An earlier run that others raised for and this rank finished: raised now, before this run takes a number
   // (so the next run is everyone's next).
   for (auto it = aborts_.begin(); it != aborts_.end() && it->first <= run_;) {

@@ -7,7 +7,7 @@
 // receive posted for it; one that arrives first waits in a buffer of its own until one is posted. A receive may
 // be posted larger than the message (the executor's header mode does), never smaller.
 //
-// Runs checked on receipt (Transport::begin_run): the tag on the wire is [run 24 bits | check 16 | tag 24], so a
+// Runs checked on receipt (Transport::begin_run): the tag on the wire is [run 20 bits | check 20 | tag 24], so a
 // message is only read by the run, and the call, that sent it; one of an earlier run is dropped. A checked run
 // sends its call's hash and text to the next rank (a notice) and ends only once the previous rank's has come
 // and equals its own: around the ring every rank's call is then every other's. A rank that finds a difference
