@@ -296,6 +296,7 @@ Handle TcpTransport::irecv(void* data, size_t nbytes, int peer, int tag) {
 Handle TcpTransport::send_wire(const void* data, size_t nbytes, int peer, int64_t tag, std::vector<char> own) {
   check_peer(peer, size_, rank_);
   const Handle h = own.empty() ? take_slot() : -1;  // (the transport's own messages: nobody tests them)
+  if (!own.empty()) data = own.data();  // (a vector's storage stays where it is when the vector moves)
   Peer& to = peers_[static_cast<size_t>(peer)];
   if (peer == rank_) {  // to itself: straight to the oldest matching receive, or kept until one is posted
     auto match = posted_for(to, tag);
@@ -316,7 +317,6 @@ Handle TcpTransport::send_wire(const void* data, size_t nbytes, int peer, int64_
   if (to.closed) lost(peer, "closed before this send", true);
   to.sends.push_back(Send{h, static_cast<const char*>(data), nbytes, 0, {tag, static_cast<int64_t>(nbytes)},
                           std::move(own)});
-  if (!to.sends.back().own.empty()) to.sends.back().data = to.sends.back().own.data();
   if (!to.want_write) flush(peer);  // on the wire at once where the socket has room
   return h;
 }
