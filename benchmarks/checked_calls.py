@@ -2,20 +2,21 @@
 
     python benchmarks/checked_calls.py --topologies T1,T2 --repeats 5 --out benchmarks/results/checked-calls.md
 
-Over ddl's own TCP connections an allreduce or a reduce-scatter of up to CHECKED_UP_TO (ddl.core.paths.planned)
-carries its mismatch check in its own messages instead of running an agreement round first. In one job the
+Over ddl's own TCP connections an allreduce, a reduce-scatter or a broadcast of up to CHECKED_UP_TO
+(ddl.core.paths.planned) carries its mismatch check in its own messages instead of running an agreement round
+first (a small broadcast otherwise rides in the round). In one job the
 two take turns, repeat by repeat (the module's threshold set to the size or to 0 between them), with Open MPI's
 own collective beside them: ddl-bench's measure (results checked, out of place, float32 sum, the slowest
-rank's mean per call), the median over repeats. Sizes where the call rides in the agreement round (the riding
-path) are the same path both ways and left out. Only the ratios in one table compare: this machine's speed moves
+rank's mean per call), the median over repeats. Allreduces and reduce-scatters small enough to ride in the
+agreement round (the riding path) take it both ways and are left out. Only the ratios in one table compare: this machine's speed moves
 by tens of percent between minutes.
 """
 import argparse
 import statistics
 import sys
 
-SIZES = (64 << 10, 256 << 10, 1 << 20)
-COLLECTIVES = ("allreduce", "reduce_scatter")
+SIZES = (8, 1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20)
+COLLECTIVES = ("allreduce", "reduce_scatter", "broadcast")
 
 
 def worker(repeats: int) -> None:
@@ -36,7 +37,7 @@ def worker(repeats: int) -> None:
             if "checked on receipt" not in ddl.explain(nbytes, collective).path:  # (riding, or too large)
                 continue
             times: dict[str, list[float]] = {"checked": [], "agreed": [], "mpi": []}
-            iters = max(5, min(200, (1 << 24) // nbytes))
+            iters = max(5, min(500, (1 << 24) // nbytes))
             for _ in range(repeats):
                 for mode in times:
                     planned.CHECKED_UP_TO = 0 if mode == "agreed" else checked_up_to

@@ -9,7 +9,9 @@ class DDLError(RuntimeError):
 
 class MismatchError(DDLError):
     """Ranks called the same collective with different shapes, dtypes, ops or roots (raised on every rank; after a
-    small broadcast that ran ahead on one host, by the others at their next collective that waits for every rank).
+    small broadcast that ran ahead on one host, by the others at their next collective that waits for every rank;
+    after a broadcast checked on receipt across hosts, by a rank that had finished it in the call it is in by then
+    or at its next).
     ``calls``: what each rank called, in rank order (the same list on every rank), when the ranks exchanged it."""
 
     def __init__(self, message: str, calls=None):

@@ -39,7 +39,8 @@ constexpr auto kSpinBeforeBlocking = std::chrono::microseconds(100);
 constexpr int kTagBits = 24, kCheckBits = 20, kRunBits = 20;
 constexpr uint64_t kTagMask = (uint64_t{1} << kTagBits) - 1, kCheckMask = (uint64_t{1} << kCheckBits) - 1,
                    kRunMask = (uint64_t{1} << kRunBits) - 1;
-constexpr int64_t kNoticeTag = static_cast<int64_t>(kTagMask), kAbortTag = kNoticeTag - 1;
+constexpr int64_t kNoticeTag = static_cast<int64_t>(kTagMask), kAbortTag = kNoticeTag - 1,
+                  kOverTag = kNoticeTag - 2;  // starting over: its run field is the epoch
 constexpr size_t kNoticeBytes = 256;  // a notice: the call's hash and (the start of) its text
 
 struct Hello {
@@ -524,19 +525,23 @@ void TcpTransport::abandon() {
 
 // -- runs checked on receipt --------------------------------------------------------------------------------
 
-void TcpTransport::begin_run(int64_t check, const std::string& label) {
-  wait_events(Clock::duration::zero());  // (an abort already sent is read before this run starts)
-  // An earlier run that others raised for and this rank finished: raised now, before this run takes a number
-  // (so the next run is everyone's next).
-  for (auto it = aborts_.begin(); it != aborts_.end() && it->first <= run_;) {
-    if (raised_.count(it->first)) {
-      it = aborts_.erase(it);
-      continue;
-    }
-    const std::string what = it->second + " (a call this rank had finished; raised at its next)";
-    raised_.insert(it->first);
-    aborts_.erase(it);
-    throw CallMismatch(what);
+void TcpTransport::begin_run(int64_t check, const std::string& label, double timeout_s) {
+  wait_events(Clock::duration::zero());  // (an abort or a start-over already sent is read before this run starts)
+  // An earlier run that others raised for and this rank finished, or raised for itself: all ranks start over
+  // (before this run takes a number); where this rank had not raised yet, it raises now.
+  std::string missed, why;
+  for (const auto& [run, what] : aborts_) {
+    if (raised_.count(run)) continue;
+    if (run <= run_ && missed.empty()) missed = what + " (a call this rank had finished; raised at its next)";
+    if (run > run_ && why.empty()) why = what;  // (this very call, which others have begun and raised in)
+  }
+  const bool others = !over_.empty() && over_.rbegin()->first.first > epoch_;
+  if (start_over_ || others || !missed.empty()) {
+    const bool raise = !start_over_;
+    const std::string said = !missed.empty() ? missed : !why.empty() ? why :
+                             "rank " + std::to_string(rank_) + ": " + told_;  // (what the others started over for)
+    start_over(timeout_s);
+    if (raise) throw CallMismatch(said);
   }
   ++run_;
   in_run_ = true, check_ = check, label_ = label, settled_ = true;
@@ -588,12 +593,23 @@ bool TcpTransport::settled() {
 }
 
 bool TcpTransport::keep(int p, int64_t tag, const std::vector<char>& data) {
-  const int64_t run = run_of(tag), local = tag & static_cast<int64_t>(kTagMask);
-  if (local == kAbortTag) {  // a rank found this run's calls to differ
+  const int64_t local = tag & static_cast<int64_t>(kTagMask);
+  if (local == kOverTag) {  // a rank starts over after a mismatch: one this rank may not have seen yet
+    const int64_t epoch = static_cast<int64_t>((static_cast<uint64_t>(tag) >> (kTagBits + kCheckBits)) & kRunMask);
+    int64_t last = 0;
+    std::memcpy(&last, data.data(), std::min(sizeof last, data.size()));
+    over_[{epoch_ + static_cast<int64_t>((static_cast<uint64_t>(epoch - epoch_)) & (kRunMask >> 1)), p}] = last;
+    if (data.size() > sizeof last && told_.empty()) told_.assign(data.begin() + sizeof last, data.end());
+    if (in_run_ && mismatch_.empty()) mismatch_ = "rank " + std::to_string(rank_) + ": " + told_;
+    return false;
+  }
+  const int64_t run = run_of(tag);
+  if (local == kAbortTag) {  // a rank found this run's (or an earlier run's) calls to differ
     if (raised_.count(run)) return false;
+    if (told_.empty()) told_.assign(data.begin(), data.end());
     const std::string what = "rank " + std::to_string(rank_) + ": " + std::string(data.begin(), data.end());
-    if (run == run_ && in_run_) {
-      mismatch_ = what;
+    if (in_run_ && run <= run_) {  // this run, or one this rank finished: raised here now
+      mismatch_ = what + (run < run_ ? " (a call this rank had finished)" : "");
       raised_.insert(run);
     } else {
       aborts_.emplace(run, what);
@@ -614,10 +630,10 @@ void TcpTransport::differs(int p, const std::string& theirs) {
                            "; ranks " + std::to_string(rank_) + ": " + label_;
   mismatch_ = "rank " + std::to_string(rank_) + ": " + text;
   raised_.insert(run_);
-  const std::string told = text + " (found by rank " + std::to_string(rank_) + ")";
+  told_ = text + " (found by rank " + std::to_string(rank_) + ")";
   for (int q = 0; q < size_; ++q)
     if (q != rank_ && !peers_[static_cast<size_t>(q)].closed)
-      send_wire(nullptr, told.size(), q, wire(run_, 0, kAbortTag), std::vector<char>(told.begin(), told.end()));
+      send_wire(nullptr, told_.size(), q, wire(run_, 0, kAbortTag), std::vector<char>(told_.begin(), told_.end()));
 }
 
 void TcpTransport::abandon_run() {
@@ -640,7 +656,55 @@ void TcpTransport::abandon_run() {
     }
   }
   notice_ = -1;
+  if (in_run_) {  // a run that took a number raised: the ranks' next runs start over; the others hear it now,
+    start_over_ = true;  // so that one still in a run raises there instead of waiting for this rank
+    announce_over();
+  }
   in_run_ = false, settled_ = true;
+}
+
+void TcpTransport::announce_over() {
+  if (announced_ == epoch_ + 1) return;
+  announced_ = epoch_ + 1;
+  const int64_t last = run_;
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_ && !peers_[static_cast<size_t>(q)].closed) {  // [its last run | what differed]
+      std::vector<char> mine(sizeof last + told_.size());
+      std::memcpy(mine.data(), &last, sizeof last);
+      std::memcpy(mine.data() + sizeof last, told_.data(), told_.size());
+      const size_t bytes = mine.size();
+      send_wire(nullptr, bytes, q, wire(epoch_ + 1, 0, kOverTag), std::move(mine));
+    }
+}
+
+void TcpTransport::start_over(double timeout_s) {
+  announce_over();
+  ++epoch_;
+  const int64_t last = run_;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
+  int64_t highest = last;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    while (!over_.count({epoch_, q})) {
+      if (Clock::now() > deadline)
+        throw TransportError("rank " + std::to_string(rank_) + ": waited " + std::to_string(timeout_s) +
+                             " s (DDL_TIMEOUT) for rank " + std::to_string(q) + " to start over after ranks called "
+                             "ddl differently; did it stop calling collectives?");
+      wait_events(kLongestEventWait);
+    }
+    highest = std::max(highest, over_[{epoch_, q}]);
+  }
+  over_.erase(over_.begin(), over_.upper_bound({epoch_, size_}));
+  run_ = highest;  // every run so far is behind every rank now: its messages are dropped where they arrive
+  for (Peer& peer : peers_)
+    peer.arrived.erase(std::remove_if(peer.arrived.begin(), peer.arrived.end(),
+                                      [&](const Arrived& a) { return run_of(a.tag) <= run_; }),
+                       peer.arrived.end());
+  aborts_.clear();
+  raised_.clear();
+  told_.clear();
+  start_over_ = false;
 }
 
 }  // namespace ddl

@@ -41,8 +41,9 @@ def test_every_collective_over_tcp(over_tcp):
     whole = np.arange(SIZE * 70_000, dtype=np.float64).reshape(SIZE, -1) * (RANK + 1)
     mine = over_tcp.reduce_scatter(whole)
     np.testing.assert_array_equal(mine.reshape(-1), whole[RANK] / (RANK + 1) * SIZE * (SIZE + 1) / 2)
-    got = over_tcp.broadcast(np.full(300_000, RANK, np.float32), root=SIZE - 1)
-    np.testing.assert_array_equal(got, np.full(300_000, SIZE - 1, np.float32))
+    for n in (300_000, 20_000, 1):  # a chain; a binomial tree checked on receipt; one that rides
+        got = over_tcp.broadcast(np.full(n, RANK, np.float32), root=SIZE - 1)
+        np.testing.assert_array_equal(got, np.full(n, SIZE - 1, np.float32))
     handles = [over_tcp.allreduce_async(np.full(50_000, RANK + k, np.float32)) for k in range(3)]
     for k, h in enumerate(handles):
         np.testing.assert_array_equal(h.wait(60), np.full(50_000, SIZE * (SIZE - 1) / 2 + SIZE * k, np.float32))

@@ -149,21 +149,62 @@ def test_a_checked_reduce_scatter_raises_on_every_rank_and_the_next_is_right():
 
 
 def test_a_checked_allreduce_beside_an_agreed_call_raises_on_every_rank():
-    """One rank's broadcast begins with an agreement round where the others' allreduce has none: the rank
+    """One rank's allgather begins with an agreement round where the others' allreduce has none: the rank
     that meets the other kind of call tells the rest, and all go on together afterwards."""
     cs = comms(4, hierarchy=[[0, 1], [2, 3]])
     for odd in (0, 2, 3):
         def body(c):
             a = np.full(N_CHECKED, 2.0, np.float32)
-            return c.broadcast(a, root=1) if c.rank == odd else c.allreduce(a)
+            return c.allgather(a) if c.rank == odd else c.allreduce(a)
 
         _, errors = spawn_on(cs, body)
         for r, e in enumerate(errors):
-            assert isinstance(e, MismatchError) and "broadcast(shape=" in str(e) and "allreduce(shape=" in str(e), \
+            assert isinstance(e, MismatchError) and "allgather(shape=" in str(e) and "allreduce(shape=" in str(e), \
                 (odd, r, e)
         got = run_ok(cs, lambda c: c.allreduce(np.full(N_CHECKED, c.rank, np.float64)))
         for g in got:
             np.testing.assert_array_equal(g, np.full(N_CHECKED, 6.0))
+
+
+@pytest.mark.parametrize("n", [20_000, N_CHECKED])  # 80 and 400 KB: checked, not riding
+def test_broadcasts_checked_on_receipt_raise_on_every_rank_and_the_ranks_start_over_together(n):
+    """A broadcast's rank may finish before another finds that it called differently (here rank 3 names
+    another root), and go on to the next calls: every rank raises, in that call or in one of the next few,
+    none waits for its deadline; then the ranks start over together and the calls after are right."""
+    cs = comms(4, hierarchy=[[0, 1], [2, 3]])
+    assert "checked on receipt" in cs[0].explain(4 * n, "broadcast").path
+
+    def body(c):  # as a program that stops calling collectives at its first error
+        a = np.full(n, c.rank, np.float32)
+        for k in range(6):
+            try:
+                c.broadcast(a, root=1 if c.rank == 3 and k == 0 else 0)
+            except MismatchError as e:
+                return k, str(e)
+        return None, ""
+
+    started = time.monotonic()
+    said = run_ok(cs, body)
+    assert time.monotonic() - started < BASE.timeout / 2
+    assert all(k is not None and "root=1" in text and "root=0" in text for k, text in said), said
+    for k in range(3):  # a broadcast, an allreduce that rides, one that does not: all right
+        got = run_ok(cs, lambda c: (c.broadcast(np.full(n, c.rank + k, np.float32), root=k),
+                                    c.allreduce(np.ones(4)), c.allreduce(np.full(N_CHECKED, c.rank, np.float32))))
+        for b, small, large in got:
+            np.testing.assert_array_equal(b, np.full(n, 2 * k, np.float32))
+            np.testing.assert_array_equal(small, np.full(4, 4.0))
+            np.testing.assert_array_equal(large, np.full(N_CHECKED, 6.0, np.float32))
+
+
+def test_a_run_of_broadcasts_checked_on_receipt_is_right():
+    cs = comms(3)
+    assert "checked on receipt" in cs[0].explain(8 * 10_000, "broadcast").path
+    assert "checked on receipt" not in cs[0].explain(8 * 1000, "broadcast").path  # (it rides)
+    got = run_ok(cs, lambda c: [c.broadcast(np.full(10_000, c.rank * 10 + k, np.int64), root=k % 3)
+                                for k in range(30)])
+    for g in got:
+        for k, b in enumerate(g):
+            np.testing.assert_array_equal(b, np.full(10_000, (k % 3) * 10 + k))
 
 
 def test_a_rank_that_goes_away_is_named_before_the_deadline():

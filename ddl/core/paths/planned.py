@@ -1,11 +1,13 @@
 """The planned path: an agreement round with no payload, then ddl's own plan on the native executor — per level,
 innermost first, pipelined in blocks (the planner chooses, ddl.schedule compiles, the executor runs).
 
-Over ddl's own TCP connections an allreduce or a reduce-scatter up to CHECKED_UP_TO has no agreement round: its messages carry the
-run's number and its call's hash, which the ranks compare on receipt around a ring (Transport::begin_run), so
-a rank that called differently makes every rank raise MismatchError and no message is read by another call.
-It runs on a copy of its own, delivered only once every rank has agreed: a mismatch changes neither the input
-nor ``out``. (On T2 the round took about 0.45 ms of a 64 KiB allreduce's 2.2.)
+Over ddl's own TCP connections an allreduce, a reduce-scatter or a broadcast (from CHECKED_BROADCAST_FROM) up
+to CHECKED_UP_TO has no agreement round: its messages carry the run's number and its call's hash, which the
+ranks compare on receipt around a ring (Transport::begin_run), so a rank that called differently makes every
+rank raise MismatchError (a broadcast's rank that had finished, in the call it is in by then or at its next) and
+no message is read by another call. It runs into a buffer of its own, delivered once the call is known to be
+the others': a mismatch changes neither the input nor ``out``. (On T2 the round took about 0.45 ms of a 64 KiB
+allreduce's 2.2.)
 
 Serves every collective, valid or not: it is the last of every table. A refused call raises on every rank in
 its agreement round; a large one follows its plan: an allreduce the planner's choice for its size, a
@@ -24,7 +26,7 @@ from ...planner.per_level import broadcast_program, chain_program
 from ...schedule.alltoall import pairwise_exchange
 from ...schedule.compile import CompiledPipeline, compile_blocks
 from ...errors import DDLError
-from ..calls import broadcast_buffer, deliver, gather_counts, gathered_into, into, work_buffer
+from ..calls import broadcast_buffer, copy_in, deliver, gather_counts, gathered_into, into, work_buffer
 from ..diagnostics import check_against_mpi
 from ..dtypes import raw
 
@@ -34,6 +36,9 @@ CHAIN_FROM = 256 << 10  # broadcasts from this size (and 3 ranks) run as a pipel
 CHAIN_BLOCK = 64 << 10  # ... in blocks of this size: p - 1 blocks of fill, small against the whole
 CHECKED_UP_TO = 1 << 20  # over TCP, calls up to this size are checked on receipt (above it the round is a small
                          # part of the call; at 4 MiB on T1 it no longer paid for the copy: 60.0 ms against 58.3)
+CHECKED_BROADCAST_FROM = 64 << 10  # ... broadcasts from this size: a smaller one's root waits for the rank before
+# it, which waited for the tree's last call, so it is no faster than its ride (8 B-8 KiB: 1.00-1.40x the ride's
+# time on T1 and T2; 64 KiB-1 MiB: 0.67-0.86x the agreed call's; benchmarks/results/checked-calls.md)
 
 
 class Planned:
@@ -53,14 +58,16 @@ class Planned:
         return "ddl's plan per level on the native executor, after an agreement round"
 
     def checked(self, call) -> bool:
-        """Whether this allreduce or reduce-scatter is checked on receipt instead of agreed first (ddl's TCP;
-        a call with elements: one with none sends nothing to check; an allreduce not under -check, which
-        compares with MPI). Both depend on every rank's data, so no rank finishes one that another called
-        differently."""
-        comm = self.comm
-        return call.collective in ("allreduce", "reduce_scatter") and comm.over_tcp and call.problem is None and \
-            (comm.options.check is None or call.collective != "allreduce") and \
-            0 < call.array.nbytes <= CHECKED_UP_TO
+        """Whether this allreduce, reduce-scatter or broadcast is checked on receipt instead of agreed first
+        (ddl's TCP; a call with bytes: one with none sends nothing to check; an allreduce not under -check,
+        which compares with MPI). An allreduce or a reduce-scatter depends on every rank's data, so no rank
+        finishes one that another called differently; a broadcast's rank may, having heard from its parent and
+        the rank before it only, and raises in the call it is in by then or at its next."""
+        comm, collective, a = self.comm, call.collective, call.array
+        return collective in ("allreduce", "reduce_scatter", "broadcast") and comm.over_tcp and \
+            call.problem is None and (comm.options.check is None or collective != "allreduce") and \
+            not a.dtype.hasobject and 0 < a.nbytes <= CHECKED_UP_TO and \
+            (collective != "broadcast" or a.nbytes >= CHECKED_BROADCAST_FROM)
 
     def run(self, call):
         return getattr(self, "_" + call.collective)(call)
@@ -106,13 +113,20 @@ class Planned:
 
     def _broadcast(self, call) -> np.ndarray:
         comm, a, out = self.comm, call.array, call.out
-        result, direct = broadcast_buffer(call, comm.rank)
+        checked = self.checked(call)
+        if checked:  # into a buffer of its own, delivered once the call is known to be the others'
+            result, direct = np.empty(a.shape, a.dtype), False
+            if comm.rank == call.root:
+                copy_in(result, a)
+        else:
+            result, direct = broadcast_buffer(call, comm.rank)
         data = result.reshape(-1).view(np.uint8) if not a.dtype.hasobject else np.empty(0, np.uint8)
         with comm.lock:
-            comm.agree(call.text, call.problem)
+            if not checked:
+                comm.agree(call.text, call.problem)
             plan = comm.plans.get(("broadcast", data.size, call.root), lambda: self._broadcast_plan(data.size,
                                                                                                    call.root))
-            comm.execute(plan, data, self._options(call.text))
+            comm.execute(plan, data, self._options(call.text, checked=checked))
         return deliver(result, out, direct)
 
     def _broadcast_plan(self, nbytes: int, root: int) -> CompiledPipeline:

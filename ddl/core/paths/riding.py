@@ -51,6 +51,8 @@ class Riding:
         if collective == "allreduce":
             if call.problem or comm.options.check is not None or not self.rides(call.array.nbytes):
                 return None
+        elif collective == "broadcast" and self.planned.checked(call):  # (its tree, checked on receipt, lets
+            return None                                                 # the root go on: shorter than the round)
         elif collective == "reduce_scatter":
             if comm.host_memory is not None or call.problem or not self.rides(call.array.nbytes, "halving"):
                 return None

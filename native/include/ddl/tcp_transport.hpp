@@ -12,7 +12,9 @@
 // sends its call's hash and text to the next rank (a notice) and ends only once the previous rank's has come
 // and equals its own: around the ring every rank's call is then every other's. A rank that finds a difference
 // (or a notice in a run that has none, which an agreement round began) tells every rank (an abort), and each
-// raises CallMismatch in that run, or, having finished it, at its next.
+// raises CallMismatch in that run, or, having finished it (a broadcast's rank may), in the run it is in or at
+// its next. Then they start over: each one's next run first tells every rank its last run number and takes the
+// largest, so that a run one rank had begun and the others never will is read by nobody.
 //
 // Waiting (idle): a run nobody waits for (rest > 0) blocks in epoll up to 1 ms, or rest where longer; a run its
 // caller waits for (rest 0) polls for 100 us after bytes last moved, then blocks the same way. While blocks wait
@@ -56,7 +58,7 @@ class TcpTransport final : public Transport {
   bool test(Handle h) override;
   void idle(Clock::duration rest, bool messages_only) override;
   void abandon() override;
-  void begin_run(int64_t check, const std::string& label) override;
+  void begin_run(int64_t check, const std::string& label, double timeout_s) override;
   bool settled() override;
   const std::string& mismatch() const override { return mismatch_; }
   void end_run() override { in_run_ = false; }
@@ -116,6 +118,8 @@ class TcpTransport final : public Transport {
   int64_t run_of(int64_t wire) const;  // the run a message belongs to (its 24 bits, near this rank's)
   bool keep(int p, int64_t wire, const std::vector<char>& data);  // an unexpected message: kept, or dropped
   void differs(int p, const std::string& theirs);  // ranks called differently: raise here, tell every rank
+  void start_over(double timeout_s);  // after a mismatch, with every rank: a first run number above all used
+  void announce_over();  // tells every rank that this one starts over (once per epoch)
   bool begin_body(int p);
   void end_body(int p);
   void wait_events(Clock::duration timeout);  // zero: poll once without waiting
@@ -137,6 +141,10 @@ class TcpTransport final : public Transport {
   std::vector<char> notice_in_;
   std::map<int64_t, std::string> aborts_;  // runs that others raised for, not yet raised for here
   std::set<int64_t> raised_;               // runs raised for here (a second abort of one is ignored)
+  bool start_over_ = false;                // this rank raised in a run: its next starts over
+  std::string told_;                       // what differed, as the ranks tell each other (since starting over)
+  int64_t epoch_ = 0, announced_ = 0;      // times the ranks started over; the epoch this rank last announced
+  std::map<std::pair<int64_t, int>, int64_t> over_;  // (epoch, rank) -> that rank's last run, as it started over
 };
 
 }  // namespace ddl

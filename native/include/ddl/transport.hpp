@@ -65,9 +65,13 @@ class Transport {
   // Runs checked on receipt, where the transport can (ddl's TCP): every run has a number, the same on every
   // rank, that its messages carry, so a message is only ever read by the run that sent it; ``check`` (nonzero:
   // the call's hash, no agreement round before it) is compared with the ranks' beside it on the way, and a
-  // difference reaches every rank as a CallMismatch. Throws CallMismatch at once where an earlier run of this
-  // rank's turned out to be one that others called differently.
-  virtual void begin_run(int64_t check, const std::string& label) { (void)check, (void)label; }
+  // difference reaches every rank as a CallMismatch. After one, the ranks start over together: each one's
+  // next run first agrees a new first number with every other, so no earlier message is ever read again
+  // (within timeout_s). Throws CallMismatch at once, after starting over, where an earlier run of this rank's
+  // turned out to be one that others called differently.
+  virtual void begin_run(int64_t check, const std::string& label, double timeout_s) {
+    (void)check, (void)label, (void)timeout_s;
+  }
   // Whether the run's check has come back (always, for a run without one): a run ends only once it has.
   virtual bool settled() { return true; }
   virtual void end_run() {}  // the run finished
