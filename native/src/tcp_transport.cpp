@@ -547,10 +547,7 @@ void TcpTransport::begin_run(int64_t check, const std::string& label, double tim
   in_run_ = true, check_ = check, label_ = label, settled_ = true;
   mismatch_.clear();
   while (!raised_.empty() && *raised_.begin() < run_ - 64) raised_.erase(raised_.begin());
-  for (Peer& peer : peers_)  // what earlier runs left (an abandoned run's messages) is read by none
-    peer.arrived.erase(std::remove_if(peer.arrived.begin(), peer.arrived.end(),
-                                      [&](const Arrived& a) { return run_of(a.tag) < run_; }),
-                       peer.arrived.end());
+  drop_runs_up_to(run_ - 1);  // what earlier runs left (an abandoned run's messages) is read by none
   auto told = aborts_.find(run_);
   if (told != aborts_.end()) {  // a rank has already found this run's calls to differ
     mismatch_ = told->second;
@@ -631,9 +628,7 @@ void TcpTransport::differs(int p, const std::string& theirs) {
   mismatch_ = "rank " + std::to_string(rank_) + ": " + text;
   raised_.insert(run_);
   told_ = text + " (found by rank " + std::to_string(rank_) + ")";
-  for (int q = 0; q < size_; ++q)
-    if (q != rank_ && !peers_[static_cast<size_t>(q)].closed)
-      send_wire(nullptr, told_.size(), q, wire(run_, 0, kAbortTag), std::vector<char>(told_.begin(), told_.end()));
+  tell_others(wire(run_, 0, kAbortTag), std::vector<char>(told_.begin(), told_.end()));
 }
 
 void TcpTransport::abandon_run() {
@@ -667,14 +662,22 @@ void TcpTransport::announce_over() {
   if (announced_ == epoch_ + 1) return;
   announced_ = epoch_ + 1;
   const int64_t last = run_;
+  std::vector<char> said(sizeof last + told_.size());  // [its last run | what differed]
+  std::memcpy(said.data(), &last, sizeof last);
+  std::memcpy(said.data() + sizeof last, told_.data(), told_.size());
+  tell_others(wire(epoch_ + 1, 0, kOverTag), said);
+}
+
+void TcpTransport::tell_others(int64_t tag, const std::vector<char>& what) {
   for (int q = 0; q < size_; ++q)
-    if (q != rank_ && !peers_[static_cast<size_t>(q)].closed) {  // [its last run | what differed]
-      std::vector<char> mine(sizeof last + told_.size());
-      std::memcpy(mine.data(), &last, sizeof last);
-      std::memcpy(mine.data() + sizeof last, told_.data(), told_.size());
-      const size_t bytes = mine.size();
-      send_wire(nullptr, bytes, q, wire(epoch_ + 1, 0, kOverTag), std::move(mine));
-    }
+    if (q != rank_ && !peers_[static_cast<size_t>(q)].closed) send_wire(nullptr, what.size(), q, tag, what);
+}
+
+void TcpTransport::drop_runs_up_to(int64_t last) {
+  for (Peer& peer : peers_)
+    peer.arrived.erase(std::remove_if(peer.arrived.begin(), peer.arrived.end(),
+                                      [&](const Arrived& a) { return run_of(a.tag) <= last; }),
+                       peer.arrived.end());
 }
 
 void TcpTransport::start_over(double timeout_s) {
@@ -697,10 +700,7 @@ void TcpTransport::start_over(double timeout_s) {
   }
   over_.erase(over_.begin(), over_.upper_bound({epoch_, size_}));
   run_ = highest;  // every run so far is behind every rank now: its messages are dropped where they arrive
-  for (Peer& peer : peers_)
-    peer.arrived.erase(std::remove_if(peer.arrived.begin(), peer.arrived.end(),
-                                      [&](const Arrived& a) { return run_of(a.tag) <= run_; }),
-                       peer.arrived.end());
+  drop_runs_up_to(run_);
   aborts_.clear();
   raised_.clear();
   told_.clear();

@@ -88,8 +88,7 @@ class Planned:
         if self.checked(call):
             with comm.lock, comm.plan_check.timed(a.nbytes):
                 work = np.array(a, order="C").reshape(-1)  # (a copy: delivered once every rank has agreed)
-                comm.execute(comm.allreduce_plan(work.size, work.itemsize), raw(work),
-                             self._options(k.text, k.dtype, k.op, k.factor, checked=True))
+                self.allreduce(work, k.dtype, k.op, k.text, k.factor, checked=True)
             return deliver(work.reshape(a.shape), out, False)
         check = comm.options.check
         original = a.copy() if check is not None else a
@@ -104,12 +103,12 @@ class Planned:
                 check_against_mpi(comm.mpi_comm, comm.rank, comm.size, check, original, work, call.op, k.text)
         return deliver(work.reshape(a.shape), out, direct)
 
-    def allreduce(self, flat: np.ndarray, dtype, op, text: str, factor: float = 1.0) -> None:
+    def allreduce(self, flat: np.ndarray, dtype, op, text: str, factor: float = 1.0, checked: bool = False) -> None:
         """ddl's own allreduce of a contiguous 1-D buffer, in place, with no agreement round (the caller holds
-        ``lock`` and has agreed)."""
+        ``lock`` and has agreed, or ``checked``: the check rides in the run's messages)."""
         if flat.size:
             self.comm.execute(self.comm.allreduce_plan(flat.size, flat.itemsize), raw(flat),
-                              self._options(text, dtype, op, factor))
+                              self._options(text, dtype, op, factor, checked))
 
     def _broadcast(self, call) -> np.ndarray:
         comm, a, out = self.comm, call.array, call.out

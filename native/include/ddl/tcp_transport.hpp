@@ -120,6 +120,8 @@ class TcpTransport final : public Transport {
   void differs(int p, const std::string& theirs);  // ranks called differently: raise here, tell every rank
   void start_over(double timeout_s);  // after a mismatch, with every rank: a first run number above all used
   void announce_over();  // tells every rank that this one starts over (once per epoch)
+  void tell_others(int64_t wire, const std::vector<char>& what);  // a message of the transport's own, to each peer
+  void drop_runs_up_to(int64_t last);  // unexpected messages of runs up to `last`: read by none
   bool begin_body(int p);
   void end_body(int p);
   void wait_events(Clock::duration timeout);  // zero: poll once without waiting
