@@ -14,7 +14,12 @@ prediction, or of the lower bound where the plan predicted at least that much (t
 optimistic: a job can miss the bound by more than the prediction), it warns, whatever ``-dbg_level`` (once per
 communicator), naming the size, the times, the lower bound and how the level figures were obtained; where those
 came from the probe's cache, the cached result is marked doubtful, and the next job over these hosts measures
-afresh instead of verifying it. With ``-dbg_level 1`` each size's first check is reported.
+afresh instead of verifying it. Below ``BOUND_SLOW`` of the lower bound it knows (where the plan predicted at
+least that much) it warns too, and keeps the cache: that bound is built from measured figures, and on an
+emulated three-rack star jobs at 83-84 % of the links' own bound read 88-89 % of it in their check (figures 1-3 %
+below the links, and a benchmark's later calls a few per cent slower than the check's windows), so a job must
+pass 90 % of it to be surely past 85 % of the true one; the plan and its figures are not what is wrong there (it
+ran near its prediction). With ``-dbg_level 1`` each size's first check is reported.
 The ranks combine their means at the end of each window (the same call on every rank: they count the same
 calls), so every rank reaches the same verdict and stops timing together; rank 0 alone says it and marks the
 cache. A check, not an agreement: nothing any rank computes depends on it.
@@ -30,6 +35,7 @@ from ..units import format_size
 MIN_BYTES = 1 << 20
 SAMPLES = 5
 SLOW = 0.85
+BOUND_SLOW = 0.90  # of the lower bound built from the measured level figures (see above)
 SIZES = 4  # sizes checked per communicator, at most
 
 
@@ -75,16 +81,26 @@ class PlanCheck:
                 f"mean of {SAMPLES}); "
                 f"the plan predicted {e.predicted * 1e3:.2f} ms, so it ran at {reached:.0%} of its prediction and "
                 f"{e.bound / measured:.0%} of the lower bound (level figures: {costs})")
-        # slow: far below the prediction, or below SLOW of the lower bound where the plan expected to reach it
-        short = reached < SLOW or (e.bound / measured < SLOW <= e.bound / e.predicted)
+        # far: below SLOW of the prediction, or of the lower bound where the plan expected to reach it;
+        # short: below BOUND_SLOW of the lower bound the plan expected to reach (the figures may be right)
+        expected, of_bound = e.bound / e.predicted, e.bound / measured
+        far = reached < SLOW or of_bound < SLOW <= expected
+        short = far or of_bound < BOUND_SLOW <= expected
         if short and not self.warned:
             self.warned = True  # on every rank: they stop timing together
             if not self.speaks:
                 return
-            below = "the prediction" if reached < SLOW else f"{SLOW:.0%} of the lower bound, which the plan expected"
-            self.say(f"{text}: far below {below}. The levels or their figures may be wrong (a probe misled "
-                     f"by noise, a network changed since it was measured) or the hosts are busy; "
-                     f"{self.doubt(text)}")
+            if far:
+                below = "the prediction" if reached < SLOW else \
+                    f"{SLOW:.0%} of the lower bound, which the plan expected"
+                self.say(f"{text}: far below {below}. The levels or their figures may be wrong (a probe misled "
+                         f"by noise, a network changed since it was measured) or the hosts are busy; "
+                         f"{self.doubt(text)}")
+            else:
+                self.say(f"{text}: below {BOUND_SLOW:.0%} of the lower bound, which the plan expected (a bound "
+                         f"built from measured figures: this job may be below {SLOW:.0%} of what the links "
+                         f"allow). The hosts may be busy, or the links slower for a collective than for the "
+                         f"probe's flows; the levels ran near their prediction and are kept")
         elif self.verbose and first_window and self.speaks:  # -dbg_level 1: each size's first window
             self.say(text)
 
