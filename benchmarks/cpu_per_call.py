@@ -1,12 +1,17 @@
 """What one large allreduce costs the CPUs of an emulated cluster (as root), ddl beside gloo and MPI in one job:
 
     python benchmarks/cpu_per_call.py --topology T1 --mbytes 26 --transports mpi,auto
+    python benchmarks/cpu_per_call.py --topology T1 --mbytes 8e-6 --calls 500 --in-a-row --collective broadcast \
+        --transports auto   # small calls: the CPU a call costs where the call's time is its CPU
 
 The cores a collective takes are the cores DDP's backward does not get (8 ranks share 2 cores here). For each
 DDL_TRANSPORT setting one job runs, per library, CALLS calls of a float32 sum allreduce, each started together:
 ddl blocking, ddl submitted while its caller sleeps (as DDP's buckets are: nobody waits on them), gloo, MPI's
 own. Per call: the slowest rank's time (median), CPU-seconds (user and system) summed over every rank, and the
-bytes the hosts sent, on loopback (within a host) and on their NICs.
+bytes the hosts sent, on loopback (within a host) and on their NICs. ``--in-a-row``: the calls run back to back
+after one barrier, time = the slowest rank's whole loop / calls (a small call's own cost, no barrier's beside
+it: with 8 ranks on 2 cores a small call's time is the CPU it takes, all ranks' per call / 2). ``--collective
+broadcast``: broadcasts from rank 0 instead.
 """
 import argparse
 import os
@@ -30,7 +35,7 @@ def sent_bytes() -> dict:
     return out
 
 
-def worker(mbytes: float, calls: int) -> None:
+def worker(mbytes: float, calls: int, collective: str = "allreduce", in_a_row: bool = False) -> None:
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -46,7 +51,18 @@ def worker(mbytes: float, calls: int) -> None:
     a, t = np.ones(n, np.float32), torch.ones(n)
 
     def one(library):
-        if library == "ddl":
+        if collective == "broadcast":
+            if library == "ddl":
+                ddl.broadcast(a, root=0, out=a)
+            elif library == "ddl submitted":
+                handle = ddl.broadcast_async(a, root=0)
+                while not handle.done():
+                    time.sleep(0.002)
+            elif library == "gloo":
+                dist.broadcast(t, 0)
+            else:
+                comm.Bcast(a, root=0)
+        elif library == "ddl":
             ddl.allreduce(a, "sum", out=a)
         elif library == "ddl submitted":
             handle = ddl.allreduce_async(a, "sum", out=a)
@@ -58,16 +74,26 @@ def worker(mbytes: float, calls: int) -> None:
             comm.Allreduce(MPI.IN_PLACE, a)
 
     rows = []
-    for library in LIBRARIES:
+    # (in a row, a submitted call's time would be its caller's 2 ms naps: left out)
+    for library in [lib for lib in LIBRARIES if not (in_a_row and lib == "ddl submitted")]:
         one(library)  # plans, connections, warm caches
         times = []
         r0, n0 = resource.getrusage(resource.RUSAGE_SELF), sent_bytes()
-        for _ in range(calls):
+        if in_a_row:
             comm.Barrier()
-            t0 = time.perf_counter()
-            one(library)
-            times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-        r1, n1 = resource.getrusage(resource.RUSAGE_SELF), sent_bytes()
+            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            for _ in range(calls):
+                one(library)
+            took = time.perf_counter() - t0
+            r1, n1 = resource.getrusage(resource.RUSAGE_SELF), sent_bytes()
+            times.append(comm.allreduce(took, op=MPI.MAX) / calls)
+        else:
+            for _ in range(calls):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                one(library)
+                times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+            r1, n1 = resource.getrusage(resource.RUSAGE_SELF), sent_bytes()
         user = comm.allreduce(r1.ru_utime - r0.ru_utime) / calls
         system = comm.allreduce(r1.ru_stime - r0.ru_stime) / calls
         per_host = {}
@@ -79,8 +105,8 @@ def worker(mbytes: float, calls: int) -> None:
     if comm.rank == 0:
         transport = ddl.communicator()._executor.transport
         for library, wall, user, system, loopback, nics in rows:
-            print(f"| {transport} | {library} | {wall * 1e3:.1f} | {user + system:.3f} ({user:.3f} + {system:.3f}) "
-                  f"| {loopback / 1e6:.1f} | {nics / 1e6:.1f} |", flush=True)
+            print(f"| {transport} | {library} | {wall * 1e3:.3f} | {user + system:.5f} ({user:.5f} + {system:.5f}) "
+                  f"| {loopback / 1e6:.3f} | {nics / 1e6:.3f} |", flush=True)
 
 
 def main(argv=None) -> int:
@@ -89,21 +115,25 @@ def main(argv=None) -> int:
     ap.add_argument("--mbytes", type=float, default=26.0, help="MB per allreduce (26: a DDP bucket of ResNet-50)")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--transports", default="mpi,auto", help="DDL_TRANSPORT settings, one job each")
+    ap.add_argument("--collective", choices=("allreduce", "broadcast"), default="allreduce")
+    ap.add_argument("--in-a-row", action="store_true", help="calls back to back after one barrier (small calls)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        worker(args.mbytes, args.calls)
+        worker(args.mbytes, args.calls, args.collective, args.in_a_row)
         return 0
     from ddl.cluster import Cluster
     from ddl.cluster import spec as emulate
 
-    print(f"{args.topology}, {args.mbytes:g} MB float32 sum allreduce, {args.calls} calls per library\n")
+    print(f"{args.topology}, {args.mbytes:g} MB float32 {'sum allreduce' if args.collective == 'allreduce' else 'broadcast'}"
+          f", {args.calls} calls per library{' in a row' if args.in_a_row else ''}\n")
     print("| ddl's transport | library | time (ms) | CPU-s per call, all ranks (user + system) | sent on loopback "
           "(MB) | sent on NICs (MB) |\n|:---|:---|---:|---:|---:|---:|")
     for transport in args.transports.split(","):
         with Cluster(emulate.topology(args.topology)) as cluster:
             done = cluster.mpirun([sys.executable, __file__, "--worker", "--mbytes", str(args.mbytes),
-                                   "--calls", str(args.calls)], env={"DDL_TRANSPORT": transport},
+                                   "--calls", str(args.calls), "--collective", args.collective]
+                                  + (["--in-a-row"] if args.in_a_row else []), env={"DDL_TRANSPORT": transport},
                                   timeout=900, quiet=True, capture=True)
         if done.returncode:
             print(f"DDL_TRANSPORT={transport}: the job failed ({done.returncode}):\n{done.stderr[-3000:]}",
