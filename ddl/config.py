@@ -82,6 +82,8 @@ SETTINGS = {
                 "(ddl's TCP wherever there are several ranks)"),
         Setting("DDL_TCP_IFACE", "", "the network interface ddl's TCP connections between hosts use (default: any "
                 "address a peer has that this rank has not)"),
+        Setting("DDL_TCP_UNIX", "1", "ddl's TCP transport connects ranks of one host over a Unix socket (0: "
+                "loopback TCP)"),
         Setting("DDL_SMALL_BYTES", "65536", "largest payload carried in the agreement round itself (latency path)"),
         Setting("DDL_REST", "100", "microseconds: while an asynchronous collective (DDP's buckets, a submitted "
                 "call nobody waits for yet) of at least 4 MiB waits on MPI over a level "

@@ -458,6 +458,8 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<int, int, const std::string&, bool>(), py::arg("rank"), py::arg("size"),
            py::arg("bind_address") = "", py::arg("yield_when_idle") = false)
       .def_property_readonly("port", &TcpTransport::port)
+      .def_property_readonly("unix_peers", &TcpTransport::unix_peers,
+                             "Peers connected over a Unix socket (ranks of this host), once connected.")
       .def("connect", &TcpTransport::connect, py::arg("addresses"), py::arg("ports"), py::arg("nonce"),
            py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
            "Connects to every peer (addresses[p]: rank p's candidates, in order; ports[p] its port); lower ranks "

@@ -4,7 +4,9 @@ Why: MPI moves bytes only while polled, so a collective that waits beside traini
 sleeps blind between polls; over its own sockets a waiting rank blocks in epoll until bytes arrive or room
 frees up, and large messages leave and land in few system calls, straight from and into ddl's buffers (on the
 emulated T1, a 26 MB allreduce cost the 8 ranks 0.62-0.68 CPU-seconds over MPI's TCP). One connection per pair
-of ranks, loopback between ranks of one host; set up once, through the MPI communicator.
+of ranks, a Unix socket between ranks of one host (loopback TCP where that fails: on the emulated T1 a small
+call's sendmsg, with the receiving side's TCP the kernel runs in it, was 31 % of a rank's CPU); set up once,
+through the MPI communicator.
 
 DDL_TRANSPORT: ``auto`` (ddl's TCP where the ranks span several hosts, up to MAX_RANKS of them, and the job is
 not elastic: ULFM's failure notices travel through MPI), ``mpi`` (always MPI), ``tcp`` (ddl's TCP wherever there
@@ -22,6 +24,7 @@ from ..errors import DDLError
 MODES = ("auto", "mpi", "tcp")
 MAX_RANKS = 256  # a connection per pair: 255 sockets a rank; larger jobs stay on MPI (lazy connections: not built)
 LOOPBACK = "127.0.0.1"
+UNIX = "unix"  # a candidate address: the peer's Unix socket (named after its TCP port), on this host
 
 
 def mode(environ=os.environ) -> str:
@@ -41,15 +44,17 @@ def wanted(size: int, hosts: list[str] | None, environ=os.environ) -> bool:
     return len(set(hosts or ())) > 1 and size <= MAX_RANKS and environ.get("DDL_ELASTIC") != "1"
 
 
-def candidates(me: int, hosts: list[str], published: list[list[tuple[str, str]]], iface: str | None) -> list[list[str]]:
-    """Each rank's addresses as rank ``me`` should try them: loopback on its own host; otherwise the addresses of
+def candidates(me: int, hosts: list[str], published: list[list[tuple[str, str]]], iface: str | None,
+               unix: bool = True) -> list[list[str]]:
+    """Each rank's addresses as rank ``me`` should try them: its Unix socket, then loopback, on its own host
+    (``DDL_TCP_UNIX=0``: loopback alone); otherwise the addresses of
     ``iface`` if given, else every address the peer published but those ``me`` has too (a docker bridge's
     172.17.0.1 is on every host and leads back to oneself)."""
     mine = {address for _, address in published[me]}
     out = []
     for peer, theirs in enumerate(published):
         if peer == me or hosts[peer] == hosts[me]:
-            out.append([LOOPBACK])
+            out.append([UNIX, LOOPBACK] if unix else [LOOPBACK])
             continue
         if iface:
             chosen = [address for name, address in theirs if name == iface]
@@ -77,7 +82,8 @@ def executor(mpi_comm, hosts: list[str], timeout: float, yield_when_idle: bool):
     nonce = mpi_comm.bcast(secrets.randbits(63) if me == 0 else None)
     if transport is not None and all(p is not None for p in published):
         try:
-            addresses = candidates(me, hosts, [p[0] for p in published], config.get("DDL_TCP_IFACE") or None)
+            addresses = candidates(me, hosts, [p[0] for p in published], config.get("DDL_TCP_IFACE") or None,
+                                   config.get("DDL_TCP_UNIX") != "0")
             transport.connect(addresses, [p[1] for p in published], nonce, min(timeout, 60.0))
         except DDLError as e:
             failed = str(e)

@@ -1,5 +1,5 @@
 """ddl's own TCP transport (ddl.core.tcp, native TcpTransport): ranks are threads of this process connected over
-loopback sockets; what is checked is the transport's contract (MPI's matching order, messages that arrive
+Unix sockets, as ranks of one host are (loopback TCP where a test says so); what is checked is the transport's contract (MPI's matching order, messages that arrive
 before their receive, errors naming the peer, a set-up that ignores strangers) and the collectives on it,
 against numpy."""
 import socket
@@ -24,20 +24,20 @@ BASE = replace(parse("", environ={}), timeout=20.0)
 LOOP = "127.0.0.1"
 
 
-def connected(p, nonce=7):
-    """p TcpTransports of this process, connected to each other over loopback."""
+def connected(p, nonce=7, via=(tcp.UNIX, LOOP)):
+    """p TcpTransports of this process, connected to each other (``via``: the candidates, in order)."""
     transports = [_native.TcpTransport(r, p, LOOP) for r in range(p)]
-    connect_all(transports, nonce)
+    connect_all(transports, nonce, via)
     return transports
 
 
-def connect_all(transports, nonce):
+def connect_all(transports, nonce, via=(tcp.UNIX, LOOP)):
     ports = [t.port for t in transports]
     errors = []
 
     def connect(t):
         try:
-            t.connect([[LOOP]] * len(transports), ports, nonce, 10.0)
+            t.connect([list(via)] * len(transports), ports, nonce, 10.0)
         except Exception as e:  # noqa: BLE001 (collected for the assert)
             errors.append(e)
 
@@ -245,12 +245,32 @@ def test_an_unreachable_rank_is_named_after_the_deadline():
         t.connect([[LOOP], [LOOP]], [port, t.port], 1, 0.5)
 
 
+def test_ranks_of_one_host_connect_over_unix_sockets_or_loopback_alike():
+    """Offered a Unix socket first, every pair connects over one (no TCP/IP in the kernel); offered loopback
+    alone, none does; the collectives are right either way. A Unix socket that no rank listens on is named."""
+    for via, unix in (((tcp.UNIX, LOOP), 2), ((LOOP,), 0)):
+        transports = connected(3, via=via)
+        assert [t.unix_peers for t in transports] == [unix] * 3
+        cs = [Communicator(_native.Executor.tcp(t), r, 3, BASE) for r, t in enumerate(transports)]
+        got = run_ok(cs, lambda c: c.allreduce(contribution(c.rank, 3001, np.float32, "sum"), "sum"))
+        for r, g in enumerate(got):
+            np.testing.assert_array_equal(g.astype(np.float64), expected(3, 3001, np.float32, "sum"), err_msg=f"rank {r}")
+    with socket.socket() as s:
+        s.bind((LOOP, 0))
+        port = s.getsockname()[1]  # a port (and so a Unix socket name) nobody listens on
+    t = _native.TcpTransport(1, 2, LOOP)
+    with pytest.raises(TransportError, match=r"rank 1: .*could not reach rank 0 at port %d of unix" % port):
+        t.connect([[tcp.UNIX], [tcp.UNIX]], [port, t.port], 1, 0.5)
+
+
 def test_candidates_loopback_on_the_same_host_and_never_an_address_both_have():
     hosts = ["a", "a", "b"]
     published = [[("eth0", "10.0.0.1"), ("docker0", "172.17.0.1")], [("eth0", "10.0.0.1")],
                  [("ib0", "10.1.0.3"), ("docker0", "172.17.0.1"), ("eth0", "10.0.0.3")]]
-    assert tcp.candidates(0, hosts, published, None) == [[LOOP], [LOOP], ["10.1.0.3", "10.0.0.3"]]
-    assert tcp.candidates(2, hosts, published, None) == [["10.0.0.1"], ["10.0.0.1"], [LOOP]]
+    here = [tcp.UNIX, LOOP]
+    assert tcp.candidates(0, hosts, published, None) == [here, here, ["10.1.0.3", "10.0.0.3"]]
+    assert tcp.candidates(2, hosts, published, None) == [["10.0.0.1"], ["10.0.0.1"], here]
+    assert tcp.candidates(0, hosts, published, None, unix=False) == [[LOOP], [LOOP], ["10.1.0.3", "10.0.0.3"]]
     assert tcp.candidates(0, hosts, published, "eth0")[2] == ["10.0.0.3"]
     with pytest.raises(DDLError, match="rank 2: DDL_TCP_IFACE=ib0: rank 0 \\(host a\\) has no IPv4 address on it"):
         tcp.candidates(2, hosts, published, "ib0")

@@ -1,4 +1,5 @@
-// Transport over TCP sockets of its own, one connection per peer (gloo's way across hosts). Why not MPI's TCP:
+// Transport over TCP sockets of its own, one connection per peer (gloo's way across hosts; a Unix socket to a
+// peer on this host where it can: the same stream, without TCP/IP in the kernel). Why not MPI's TCP:
 // MPI progresses only while polled, so a run either spins a core or sleeps blind; here a rank that waits
 // blocks in epoll and the kernel wakes it when bytes arrive or room frees up, and large messages go out and
 // come in with few, large system calls straight from and into the caller's buffers.
@@ -43,8 +44,10 @@ class TcpTransport final : public Transport {
   TcpTransport(int rank, int size, const std::string& bind_address, bool yield_when_idle);
   ~TcpTransport() override;
   int port() const { return port_; }
+  int unix_peers() const { return unix_peers_; }  // peers connected over a Unix socket (ranks of this host)
   // Connects to every peer: lower ranks are dialed, higher ranks accepted. addresses[p]: peer p's candidate
-  // addresses, tried in order; ports[p] its port. Throws TransportError naming the peer after timeout_s.
+  // addresses, tried in order ("unix": its Unix socket, for a peer on this host); ports[p] its TCP port (which
+  // also names its Unix socket). Throws TransportError naming the peer after timeout_s.
   void connect(const std::vector<std::vector<std::string>>& addresses, const std::vector<int>& ports,
                uint64_t nonce, double timeout_s);
 
@@ -130,7 +133,7 @@ class TcpTransport final : public Transport {
 
   int rank_, size_;
   bool yield_when_idle_;
-  int listen_fd_ = -1, epoll_fd_ = -1, port_ = 0;
+  int listen_fd_ = -1, unix_fd_ = -1, epoll_fd_ = -1, port_ = 0, unix_peers_ = 0;
   std::vector<Peer> peers_;
   std::vector<Op> slots_;
   std::vector<Handle> free_;
