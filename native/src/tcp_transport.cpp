@@ -590,7 +590,7 @@ void TcpTransport::begin_run(int64_t check, const std::string& label, double tim
     if (raise) throw CallMismatch(said);
   }
   ++run_;
-  in_run_ = true, check_ = check, label_ = label, settled_ = true;
+  in_run_ = true, check_ = check, label_ = label, settled_ = true, timeout_s_ = timeout_s;
   mismatch_.clear();
   while (!raised_.empty() && *raised_.begin() < run_ - 64) raised_.erase(raised_.begin());
   drop_runs_up_to(run_ - 1);  // what earlier runs left (an abandoned run's messages) is read by none
@@ -687,12 +687,18 @@ void TcpTransport::abandon_run() {
       peer.into = peer.unexpected.data();
       peer.target = -1;
     }
-    for (Send& s : peer.sends) {  // sent on from copies: the caller may reuse its buffers at once
+    // The run's data not yet begun on the wire is dropped (every rank drops a past run's messages); one begun
+    // is sent on from a copy (the stream must stay whole), the caller may reuse its buffers at once.
+    for (Send& s : peer.sends)
+      if (s.h >= 0) free_.push_back(s.h), s.h = -2;  // (-2: the run's own, -1: the transport's)
+    peer.sends.erase(std::remove_if(peer.sends.begin() + (peer.sends.empty() || peer.sends.front().sent == 0 ? 0 : 1),
+                                    peer.sends.end(), [](const Send& s) { return s.h == -2 && s.sent == 0; }),
+                     peer.sends.end());
+    for (Send& s : peer.sends) {
       if (s.own.empty() && s.nbytes) {
         s.own.assign(s.data, s.data + s.nbytes);
         s.data = s.own.data();
       }
-      if (s.h >= 0) free_.push_back(s.h);
       s.h = -1;
     }
   }
@@ -702,6 +708,22 @@ void TcpTransport::abandon_run() {
     announce_over();
   }
   in_run_ = false, settled_ = true;
+  // What this rank tells the others (an abort, that it starts over) must reach them even if it never calls
+  // again: its caller stops at the error, and nothing would move a message still queued behind a full socket
+  // (over a Unix socket, whose buffer is small, 1 broadcast test in 10 waited for it until the deadline).
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(std::min(timeout_s_, 10.0)));
+  try {
+    for (int p = 0; p < size_; ++p)
+      if (!peers_[static_cast<size_t>(p)].sends.empty() && !peers_[static_cast<size_t>(p)].closed) flush(p);
+    auto pending = [&] {
+      for (const Peer& peer : peers_)
+        if (!peer.sends.empty() && !peer.closed) return true;
+      return false;
+    };
+    while (pending() && Clock::now() < until) wait_events(kLongestEventWait);
+  } catch (const TransportError&) {  // a peer lost meanwhile: said at the next call
+  }
 }
 
 void TcpTransport::announce_over() {

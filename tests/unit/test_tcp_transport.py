@@ -170,7 +170,10 @@ def test_a_checked_allreduce_beside_an_agreed_call_raises_on_every_rank():
 def test_broadcasts_checked_on_receipt_raise_on_every_rank_and_the_ranks_start_over_together(n):
     """A broadcast's rank may finish before another finds that it called differently (here rank 3 names
     another root), and go on to the next calls: every rank raises, in that call or in one of the next few,
-    none waits for its deadline; then the ranks start over together and the calls after are right."""
+    none waits for its deadline; then the ranks start over together and the calls after are right. Three
+    times over: a rank that raises and stops calling must still get its word out (before it flushed it, a word
+    queued behind a full Unix socket left the others waiting for the deadline in 1 of 10-20 such runs, under
+    load)."""
     cs = comms(4, hierarchy=[[0, 1], [2, 3]])
     assert "checked on receipt" in cs[0].explain(4 * n, "broadcast").path
 
@@ -183,17 +186,18 @@ def test_broadcasts_checked_on_receipt_raise_on_every_rank_and_the_ranks_start_o
                 return k, str(e)
         return None, ""
 
-    started = time.monotonic()
-    said = run_ok(cs, body)
-    assert time.monotonic() - started < BASE.timeout / 2
-    assert all(k is not None and "root=1" in text and "root=0" in text for k, text in said), said
-    for k in range(3):  # a broadcast, an allreduce that rides, one that does not: all right
-        got = run_ok(cs, lambda c: (c.broadcast(np.full(n, c.rank + k, np.float32), root=k),
-                                    c.allreduce(np.ones(4)), c.allreduce(np.full(N_CHECKED, c.rank, np.float32))))
-        for b, small, large in got:
-            np.testing.assert_array_equal(b, np.full(n, 2 * k, np.float32))
-            np.testing.assert_array_equal(small, np.full(4, 4.0))
-            np.testing.assert_array_equal(large, np.full(N_CHECKED, 6.0, np.float32))
+    for _ in range(3):
+        started = time.monotonic()
+        said = run_ok(cs, body)
+        assert time.monotonic() - started < BASE.timeout / 2
+        assert all(k is not None and "root=1" in text and "root=0" in text for k, text in said), said
+        for k in range(3):  # a broadcast, an allreduce that rides, one that does not: all right
+            got = run_ok(cs, lambda c: (c.broadcast(np.full(n, c.rank + k, np.float32), root=k),
+                                        c.allreduce(np.ones(4)), c.allreduce(np.full(N_CHECKED, c.rank, np.float32))))
+            for b, small, large in got:
+                np.testing.assert_array_equal(b, np.full(n, 2 * k, np.float32))
+                np.testing.assert_array_equal(small, np.full(4, 4.0))
+                np.testing.assert_array_equal(large, np.full(N_CHECKED, 6.0, np.float32))
 
 
 def test_a_run_of_broadcasts_checked_on_receipt_is_right():

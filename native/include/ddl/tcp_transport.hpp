@@ -76,7 +76,7 @@ class TcpTransport final : public Transport {
     std::string error;
   };
   struct Send {
-    Handle h;  // -1: nobody waits for it (a notice, an abort, a send of an abandoned run)
+    Handle h;  // -1: nobody waits for it (a notice, an abort, a send of an abandoned run; -2 in abandon_run)
     const char* data;
     size_t nbytes;
     size_t sent = 0;  // of header and data together
@@ -141,6 +141,7 @@ class TcpTransport final : public Transport {
   // runs checked on receipt
   int64_t run_ = 0, check_ = 0;  // this rank's latest run and its check (0: none)
   bool in_run_ = false, settled_ = true;
+  double timeout_s_ = 60.0;        // the latest run's deadline (DDL_TIMEOUT)
   std::string label_, mismatch_;
   Handle notice_ = -1;             // the previous rank's notice, this run's
   std::vector<char> notice_in_;
