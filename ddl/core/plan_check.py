@@ -16,7 +16,7 @@ communicator), naming the size, the times, the lower bound and how the level fig
 came from the probe's cache, the cached result is marked doubtful, and the next job over these hosts measures
 afresh instead of verifying it. Below ``BOUND_SLOW`` of the lower bound it knows (where the plan predicted at
 least that much) it warns too, and keeps the cache: that bound is built from measured figures, and on an
-emulated three-rack star jobs at 83-84 % of the links' own bound read 88-89 % of it in their check (figures 1-3 %
+emulated three-rack star jobs at 83-84 % of the links' own bound read 88-89 % of it in their check (figures 1-6 %
 below the links, and a benchmark's later calls a few per cent slower than the check's windows), so a job must
 pass 90 % of it to be surely past 85 % of the true one; the plan and its figures are not what is wrong there (it
 ran near its prediction). With ``-dbg_level 1`` each size's first check is reported.

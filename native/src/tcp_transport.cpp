@@ -42,8 +42,8 @@ constexpr uint64_t kTagMask = (uint64_t{1} << kTagBits) - 1, kCheckMask = (uint6
                    kRunMask = (uint64_t{1} << kRunBits) - 1;
 constexpr int64_t kNoticeTag = static_cast<int64_t>(kTagMask), kAbortTag = kNoticeTag - 1,
                   kOverTag = kNoticeTag - 2;  // starting over: its run field is the epoch
-constexpr size_t kNoticeBytes = 256;
-const std::string kUnix = "unix";  // a candidate address: the peer's Unix socket on this host  // a notice: the call's hash and (the start of) its text
+constexpr size_t kNoticeBytes = 256;  // a notice: the call's hash and (the start of) its text
+const std::string kUnix = "unix";     // a candidate address: the peer's Unix socket on this host
 
 struct Hello {
   uint32_t magic;
