@@ -50,50 +50,42 @@ def worker(mbytes: float, calls: int, collective: str = "allreduce", in_a_row: b
     n = int(mbytes * 1e6) // 4
     a, t = np.ones(n, np.float32), torch.ones(n)
 
-    def one(library):
-        if collective == "broadcast":
-            if library == "ddl":
-                ddl.broadcast(a, root=0, out=a)
-            elif library == "ddl submitted":
-                handle = ddl.broadcast_async(a, root=0)
-                while not handle.done():
-                    time.sleep(0.002)
-            elif library == "gloo":
-                dist.broadcast(t, 0)
-            else:
-                comm.Bcast(a, root=0)
-        elif library == "ddl":
-            ddl.allreduce(a, "sum", out=a)
-        elif library == "ddl submitted":
-            handle = ddl.allreduce_async(a, "sum", out=a)
-            while not handle.done():
-                time.sleep(0.002)  # the caller works elsewhere (backward); it looks now and then
-        elif library == "gloo":
-            dist.all_reduce(t)
-        else:
-            comm.Allreduce(MPI.IN_PLACE, a)
+    def submitted(handle):
+        while not handle.done():
+            time.sleep(0.002)  # the caller works elsewhere (backward); it looks now and then
+
+    run = {"allreduce": {"ddl": lambda: ddl.allreduce(a, "sum", out=a),
+                         "ddl submitted": lambda: submitted(ddl.allreduce_async(a, "sum", out=a)),
+                         "gloo": lambda: dist.all_reduce(t),
+                         "mpi": lambda: comm.Allreduce(MPI.IN_PLACE, a)},
+           "broadcast": {"ddl": lambda: ddl.broadcast(a, root=0, out=a),
+                         "ddl submitted": lambda: submitted(ddl.broadcast_async(a, root=0)),
+                         "gloo": lambda: dist.broadcast(t, 0),
+                         "mpi": lambda: comm.Bcast(a, root=0)}}[collective]
 
     rows = []
     # (in a row, a submitted call's time would be its caller's 2 ms naps: left out)
     for library in [lib for lib in LIBRARIES if not (in_a_row and lib == "ddl submitted")]:
-        one(library)  # plans, connections, warm caches
+        one = run[library]
+        one()  # plans, connections, warm caches
         times = []
-        r0, n0 = resource.getrusage(resource.RUSAGE_SELF), sent_bytes()
         if in_a_row:
             comm.Barrier()
-            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        r0, n0 = resource.getrusage(resource.RUSAGE_SELF), sent_bytes()
+        if in_a_row:
+            t0 = time.perf_counter()
             for _ in range(calls):
-                one(library)
+                one()
             took = time.perf_counter() - t0
-            r1, n1 = resource.getrusage(resource.RUSAGE_SELF), sent_bytes()
-            times.append(comm.allreduce(took, op=MPI.MAX) / calls)
         else:
             for _ in range(calls):
                 comm.Barrier()
                 t0 = time.perf_counter()
-                one(library)
+                one()
                 times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-            r1, n1 = resource.getrusage(resource.RUSAGE_SELF), sent_bytes()
+        r1, n1 = resource.getrusage(resource.RUSAGE_SELF), sent_bytes()
+        if in_a_row:
+            times.append(comm.allreduce(took, op=MPI.MAX) / calls)
         user = comm.allreduce(r1.ru_utime - r0.ru_utime) / calls
         system = comm.allreduce(r1.ru_stime - r0.ru_stime) / calls
         per_host = {}

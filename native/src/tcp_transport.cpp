@@ -691,9 +691,9 @@ void TcpTransport::abandon_run() {
     // is sent on from a copy (the stream must stay whole), the caller may reuse its buffers at once.
     for (Send& s : peer.sends)
       if (s.h >= 0) free_.push_back(s.h), s.h = -2;  // (-2: the run's own, -1: the transport's)
-    peer.sends.erase(std::remove_if(peer.sends.begin() + (peer.sends.empty() || peer.sends.front().sent == 0 ? 0 : 1),
-                                    peer.sends.end(), [](const Send& s) { return s.h == -2 && s.sent == 0; }),
-                     peer.sends.end());
+    peer.sends.erase(std::remove_if(peer.sends.begin(), peer.sends.end(),
+                                    [](const Send& s) { return s.h == -2 && s.sent == 0; }),  // (only the first
+                     peer.sends.end());                                                        // can have begun)
     for (Send& s : peer.sends) {
       if (s.own.empty() && s.nbytes) {
         s.own.assign(s.data, s.data + s.nbytes);
@@ -713,9 +713,7 @@ void TcpTransport::abandon_run() {
   // (over a Unix socket, whose buffer is small, 1 broadcast test in 10 waited for it until the deadline).
   const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(std::min(timeout_s_, 10.0)));
-  try {
-    for (int p = 0; p < size_; ++p)
-      if (!peers_[static_cast<size_t>(p)].sends.empty() && !peers_[static_cast<size_t>(p)].closed) flush(p);
+  try {  // (a queue that is not empty waits on EPOLLOUT: send_wire flushed it as far as the socket took)
     auto pending = [&] {
       for (const Peer& peer : peers_)
         if (!peer.sends.empty() && !peer.closed) return true;
