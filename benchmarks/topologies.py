@@ -7,8 +7,9 @@ For each topology it builds the emulated cluster (ddl.cluster) and runs the same
 own plan over the emulated switches), ddl forced to one flat ring, MPI_Allreduce of the Open MPI wheel as it
 comes (on several nodes its default is the hierarchical coll/han), the same with han disabled (coll/tuned),
 MPI_Allreduce of the MPICH wheel (TCP through libfabric), and PyTorch gloo where torch is installed. Each round
-runs every MPI setting in turn (the order rotates), each job runs every size with its algorithms interleaved,
-every result is verified; a size's time is the median over rounds. Writes benchmarks/results/<T>.md
+runs every MPI setting in turn (the order rotates), each job runs every size with its algorithms interleaved
+(ddl in every job: a peer is compared with the ddl measured beside it), every result is verified; a size's
+time is the median over rounds. Writes benchmarks/results/<T>.md
 (nccl-tests columns, the topology's lower bound and efficiency = bound / time), <T>.png (busbw against size)
 and <T>.json, and checks issue 4's targets.
 
@@ -44,6 +45,7 @@ LABELS = {
     "gloo": "PyTorch gloo",
 }
 PEERS = ("ompi-han", "ompi-tuned", "mpich", "gloo")
+PARTNER = {"ompi-han": "ddl", "gloo": "ddl", "ompi-tuned": "ddl@ompi-tuned", "mpich": "ddl@mpich"}  # (see jobs)
 ALL_SIZES = "1K,2K,4K,8K,16K,32K,64K,128K,256K,512K,1M,2M,4M,8M,16M,32M,64M"
 PREDICTION_TARGET = 0.10  # issue 49: median |error| over sizes >= 1 MiB
 
@@ -52,12 +54,15 @@ def jobs(openmpi: Path, mpich: Path | None, gloo: bool, ddl_only: bool = False) 
     """The MPI settings, each one job per round: (label, python, algorithms, renames, environment)."""
     if ddl_only:
         return [{"name": "openmpi", "python": openmpi, "algos": "ddl", "rename": {}, "env": {}}]
+    # ddl runs in every job, interleaved with that job's peers: a peer is compared with the ddl measured beside
+    # it (PARTNER), so a machine slower in one job than in another moves both sides of the ratio alike
     out = [{"name": "openmpi", "python": openmpi, "algos": "ddl,ddl-ring,mpi" + (",gloo" if gloo else ""),
             "rename": {"mpi": "ompi-han"}, "env": {}},
-           {"name": "openmpi-tuned", "python": openmpi, "algos": "mpi", "rename": {"mpi": "ompi-tuned"},
-            "env": {"OMPI_MCA_coll": "^han"}}]
+           {"name": "openmpi-tuned", "python": openmpi, "algos": "ddl,mpi",
+            "rename": {"mpi": "ompi-tuned", "ddl": PARTNER["ompi-tuned"]}, "env": {"OMPI_MCA_coll": "^han"}}]
     if mpich is not None:
-        out.append({"name": "mpich", "python": mpich, "algos": "mpi", "rename": {"mpi": "mpich"}, "env": {}})
+        out.append({"name": "mpich", "python": mpich, "algos": "ddl,mpi",
+                    "rename": {"mpi": "mpich", "ddl": PARTNER["mpich"]}, "env": {}})
     return out
 
 
@@ -134,8 +139,9 @@ def run_topology(name: str, t, sizes: list[int], rounds: int, settings: list[dic
 
 def pooled(by_round: list[dict]) -> dict:
     """The rounds' samples, pooled over the rounds a disturbed machine did not spoil (ddl.tools.measure
-    .disturbed_rounds: every library far below its usual speed alike), a size's time their median; ddl's spread
-    over the kept rounds' medians, per size."""
+    .disturbed_rounds: every library far below its usual speed alike), a size's time their median (ddl's over
+    every job it ran in); ddl's time over each peer's (``ratios``: per round, the peer's median against the
+    ddl's of its job, then the median over the rounds kept); ddl's spread over the kept rounds' medians."""
     from ddl.tools.measure import disturbed_rounds, spread
 
     medians = [{a: {s: statistics.median(v) for s, v in by_size.items()} for a, by_size in r.items()}
@@ -147,12 +153,33 @@ def pooled(by_round: list[dict]) -> dict:
             for a, by_size in r.items():
                 for s, v in by_size.items():
                     samples.setdefault(a, {}).setdefault(s, []).extend(v)
+    times = {a: {s: statistics.median(v) for s, v in by_size.items()} for a, by_size in samples.items()
+             if not a.startswith("ddl@")}
+    every_job = [v for a, by_size in samples.items() if a == "ddl" or a.startswith("ddl@") for v in by_size.items()]
+    if every_job:
+        pooled_ddl: dict[int, list[float]] = {}
+        for s, v in every_job:
+            pooled_ddl.setdefault(s, []).extend(v)
+        times["ddl"] = {s: statistics.median(v) for s, v in pooled_ddl.items()}
     kept = [m for i, m in enumerate(medians) if i not in disturbed]
-    return {"times": {a: {s: statistics.median(v) for s, v in by_size.items()} for a, by_size in samples.items()},
-            "samples": samples, "rounds": len(by_round), "disturbed": {i + 1: x for i, x in disturbed.items()},
-            "round_times": kept,
+    round_ratios = [paired(m) for m in kept]
+    ratios = {p: {s: statistics.median(r[p][s] for r in round_ratios if s in r.get(p, {})) for s in by_size}
+              for p, by_size in round_ratios[0].items()} if round_ratios else {}
+    return {"times": times, "samples": samples, "rounds": len(by_round),
+            "disturbed": {i + 1: x for i, x in disturbed.items()}, "round_times": kept, "ratios": ratios,
+            "round_ratios": round_ratios,
             "spread": {s: spread([m["ddl"][s] for m in kept if s in m.get("ddl", {})])
                        for s in samples.get("ddl", {})} if len(kept) > 1 else {}}
+
+
+def paired(times: dict) -> dict[str, dict[int, float]]:
+    """ddl's time over each peer's at each size, ddl as measured in the peer's job (PARTNER; the main job's
+    where the peer's job had none)."""
+    out = {}
+    for peer in PEERS:
+        partner = times.get(PARTNER[peer]) or times.get("ddl", {})
+        out[peer] = {s: partner[s] / t for s, t in times.get(peer, {}).items() if s in partner}
+    return {p: r for p, r in out.items() if r}
 
 
 def rounds_text(result: dict) -> str:
@@ -172,14 +199,18 @@ def busbw(nbytes: int, us: float, n: int) -> float:
     return bandwidth(nbytes, us, n)[1]
 
 
-def targets(name: str, times: dict, bound: dict, switched: bool = False) -> list[tuple[str, bool, str]]:
+def targets(name: str, times: dict, bound: dict, switched: bool = False,
+            ratios: dict | None = None) -> list[tuple[str, bool, str]]:
     """Issue 4's targets on this topology (issue 15's with no flags: the same figures): (target, met, measured).
-    ``switched``: the topology has switch levels, where ddl must beat the flat peers clearly (as on T2)."""
+    ``ratios``: ddl's time over each peer's (paired(); worked out from ``times`` where not given). ``switched``:
+    the topology has switch levels, where ddl must beat the flat peers clearly (as on T2)."""
     ddl = times["ddl"]
-    peers = {a: t for a, t in times.items() if a in PEERS}
-    if not peers:  # --ddl-only: nothing to compare with
+    ratios = paired(times) if ratios is None else ratios
+    if not ratios:  # --ddl-only: nothing to compare with
         return []
-    best = {s: min((t[s], a) for a, t in peers.items() if s in t) for s in ddl}
+    # per size, the best peer: the one ddl's time is the largest multiple of
+    best = {s: max((r[s], p) for p, r in ratios.items() if s in r) for s in ddl
+            if any(s in r for r in ratios.values())}
     out = []
     big = [s for s in ddl if s >= 16 << 20]
     if big:
@@ -187,19 +218,19 @@ def targets(name: str, times: dict, bound: dict, switched: bool = False) -> list
         worst = min(eff, key=eff.get)
         out.append((">= 85% of the lower bound, >= 16 MiB", eff[worst] >= 0.85,
                     ", ".join(f"{_size(s)} {eff[s]:.0%}" for s in big)))
-        if name in ("T2", "T4") or switched:
-            sp = {s: best[s][0] / ddl[s] for s in big}
+        if (name in ("T2", "T4") or switched) and all(s in best for s in big):
+            sp = {s: 1 / best[s][0] for s in big}
             out.append((">= 1.3x faster than the best peer, >= 16 MiB", min(sp.values()) >= 1.3,
                         ", ".join(f"{_size(s)} {sp[s]:.2f}x vs {best[s][1]}" for s in big)))
-    mid = [s for s in ddl if s >= 64 << 10]
+    mid = [s for s in best if s >= 64 << 10]
     if mid:
-        ratio = {s: best[s][0] / ddl[s] for s in mid}
+        ratio = {s: 1 / best[s][0] for s in mid}
         worst = min(ratio, key=ratio.get)
         out.append(("never slower than 0.95x the best peer, >= 64 KiB", ratio[worst] >= 0.95,
                     f"worst {ratio[worst]:.2f}x at {_size(worst)} vs {best[worst][1]}"))
-    small = [s for s in ddl if s <= 4 << 10]
+    small = [s for s in best if s <= 4 << 10]
     if small:
-        ratio = {s: ddl[s] / best[s][0] for s in small}
+        ratio = {s: best[s][0] for s in small}
         worst = max(ratio, key=ratio.get)
         out.append(("within 1.2x of the best peer's time, <= 4 KiB", ratio[worst] <= 1.2,
                     ", ".join(f"{_size(s)} {ratio[s]:.2f}x vs {best[s][1]}" for s in small)))
@@ -207,11 +238,13 @@ def targets(name: str, times: dict, bound: dict, switched: bool = False) -> list
 
 
 def decided(name: str, result: dict, bound: dict, switched: bool = False) -> list[tuple[str, bool | None, str]]:
-    """targets() on the pooled times, each verdict kept only where the rounds kept agree with it: a target
-    that some rounds meet and others miss is undecided (None), said with how many rounds met it. A figure at its
-    threshold flips with the noise of one round; the same run-to-run verdict needs them to agree."""
-    pooled = targets(name, result["times"], bound, switched)
-    rounds = [targets(name, times, bound, switched) for times in result.get("round_times", [])]
+    """targets() on the pooled times and paired ratios, each verdict kept only where the rounds kept agree with
+    it: a target that some rounds meet and others miss is undecided (None), said with how many rounds met it. A
+    figure at its threshold flips with the noise of one round; the same run-to-run verdict needs them to agree."""
+    pooled = targets(name, result["times"], bound, switched, result.get("ratios"))
+    kept = result.get("round_times", [])
+    rounds = [targets(name, times, bound, switched, r)
+              for times, r in zip(kept, result.get("round_ratios") or [None] * len(kept))]
     out = []
     for i, (target, ok, measured) in enumerate(pooled):
         each = [r[i][1] for r in rounds if len(r) > i and r[i][0] == target]

@@ -130,10 +130,7 @@ def test_a_round_where_every_library_ran_slow_is_named_and_left_out():
 def test_a_target_the_rounds_disagree_on_is_undecided_not_met_or_missed():
     """make bench's verdicts: a target keeps the pooled verdict only where every kept round gives the same one;
     a figure at its threshold (met in some rounds, missed in others) is undecided, with the count said."""
-    where = Path(__file__).resolve().parents[2] / "benchmarks" / "topologies.py"
-    spec = importlib.util.spec_from_file_location("topologies", where)
-    topologies = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(topologies)
+    topologies = _topologies()
 
     def times(ddl_small, peer_small):  # 1 KiB: ddl's time against one peer's (target: within 1.2x)
         return {"ddl": {1024: ddl_small}, "ompi-tuned": {1024: peer_small}}
@@ -148,3 +145,27 @@ def test_a_target_the_rounds_disagree_on_is_undecided_not_met_or_missed():
     assert ok is None and "met in 2 of 3 rounds" in measured and "1.18x" in measured
     alone = {"times": times(118, 100)}  # one round: its verdict
     assert [ok for _, ok, _ in topologies.decided("T1", alone, bound)] == [True]
+
+
+def test_a_peer_is_compared_with_the_ddl_measured_in_its_own_job():
+    """make bench runs ddl in every job beside that job's peer: ddl's time over ompi-tuned's is the tuned job's
+    ddl over it, so a machine slower during one job than another does not move the verdict."""
+    topologies = _topologies()
+    # each round: the main job (ddl, ompi-han) ran 1.5x slow; the tuned job (its ddl, ompi-tuned) did not
+    one = {"ddl": {1024: [150.0]}, "ompi-han": {1024: [300.0]}, "ddl@ompi-tuned": {1024: [110.0]},
+           "ompi-tuned": {1024: [100.0]}}
+    result = topologies.pooled([one, one, one])
+    assert result["ratios"]["ompi-tuned"][1024] == pytest.approx(1.1)   # 110 / 100, not 150 / 100
+    assert result["ratios"]["ompi-han"][1024] == pytest.approx(0.5)
+    assert result["times"]["ddl"][1024] == pytest.approx(130.0)          # ddl's samples of both jobs: (110+150)/2
+    (target, ok, measured), = topologies.decided("T1", result, {1024: (1e-6, "")})
+    assert ok is True and "1.10x vs ompi-tuned" in measured
+
+
+def _topologies():
+    """benchmarks/topologies.py, loaded as a module (benchmarks/ is not a package)."""
+    where = Path(__file__).resolve().parents[2] / "benchmarks" / "topologies.py"
+    spec = importlib.util.spec_from_file_location("topologies", where)
+    topologies = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(topologies)
+    return topologies
