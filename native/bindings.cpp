@@ -465,7 +465,10 @@ PYBIND11_MODULE(_native, m) {
            "Connects to every peer (addresses[p]: rank p's candidates, in order; ports[p] its port); lower ranks "
            "are dialed, higher ones accepted; both sides check the job's nonce.")
       .def_static("local_addresses", &TcpTransport::local_addresses,
-                  "This machine's IPv4 addresses but loopback: (interface, address).");
+                  "This machine's IPv4 addresses but loopback: (interface, address).")
+      .def_property_readonly_static("RUN_AHEAD", [](py::object) { return TcpTransport::kRunAhead; },
+                                    "How many calls checked on receipt a rank may finish ahead of the rank "
+                                    "before it (where calls differ: how many it may finish before it raises).");
 
   py::class_<Executor>(m, "Executor")
       .def_static("tcp", [](std::shared_ptr<TcpTransport> t) { return std::make_unique<Executor>(std::move(t)); },

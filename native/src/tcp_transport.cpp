@@ -43,6 +43,16 @@ constexpr uint64_t kTagMask = (uint64_t{1} << kTagBits) - 1, kCheckMask = (uint6
 constexpr int64_t kNoticeTag = static_cast<int64_t>(kTagMask), kAbortTag = kNoticeTag - 1,
                   kOverTag = kNoticeTag - 2;  // starting over: its run field is the epoch
 constexpr size_t kNoticeBytes = 256;  // a notice: the call's hash and (the start of) its text
+// Runs checked on receipt (see the header): one in kRunAhead waits for the previous rank's notice (as deep as
+// the host memory level's run-ahead); a run that waits kAskAfter sends its notice to every rank. On the emulated
+// T1 (8 ranks, 2 cores) a notice every run cost an 8 B broadcast 800-860 us a call against 280-310 without
+// (its ride in the agreement round: 540-600).
+constexpr auto kAskAfter = std::chrono::milliseconds(25);
+// A rank that got a message of another call waits this long for its sender to name that call, then raises
+// naming its own alone (the sender may not be calling ddl any more).
+constexpr auto kForeignWait = std::chrono::milliseconds(200);
+constexpr auto kStalled = std::chrono::milliseconds(200);  // (abandon_run)
+constexpr size_t kHistory = 1024;  // runs remembered: more than ranks ahead of each other by kRunAhead each
 const std::string kUnix = "unix";     // a candidate address: the peer's Unix socket on this host
 
 struct Hello {
@@ -136,7 +146,12 @@ int dial_unix(int port, Clock::time_point deadline) {
 }  // namespace
 
 TcpTransport::TcpTransport(int rank, int size, const std::string& bind_address, bool yield_when_idle)
-    : rank_(rank), size_(size), yield_when_idle_(yield_when_idle), peers_(static_cast<size_t>(size)) {
+    : rank_(rank),
+      size_(size),
+      yield_when_idle_(yield_when_idle),
+      peers_(static_cast<size_t>(size)),
+      history_(kHistory),
+      told_peer_(static_cast<size_t>(size)) {
   const std::string me = "rank " + std::to_string(rank) + ": tcp transport: ";
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (listen_fd_ < 0) throw TransportError(me + "socket: " + errno_text(errno));
@@ -539,6 +554,15 @@ bool TcpTransport::test(Handle h) {
 }
 
 void TcpTransport::idle(Clock::duration rest, bool messages_only) {
+  if (in_run_ && !asked_all_ && Clock::now() - run_began_ > kAskAfter) {  // (see the header: a run that waits)
+    asked_all_ = true;
+    for (int q = 0; q < size_; ++q) send_notice(q, run_);
+  }
+  if (foreign_run_ >= 0 && Clock::now() - foreign_since_ > kForeignWait) {  // p has not answered: it may have
+    const int64_t run = foreign_run_;                                       // stopped calling ddl
+    foreign_run_ = -1;
+    differs(foreign_peer_, "(a call whose messages are not this one's)", run);
+  }
   if (!messages_only) {  // a block waits on something else too (the GPU's staging): never past the rest asked
     if (rest > Clock::duration::zero())
       wait_events(rest);
@@ -592,6 +616,10 @@ void TcpTransport::begin_run(int64_t check, const std::string& label, double tim
   ++run_;
   in_run_ = true, check_ = check, label_ = label, settled_ = true, timeout_s_ = timeout_s;
   mismatch_.clear();
+  Past& now = history_[static_cast<size_t>(run_) % kHistory];
+  now.run = run_, now.check = check, now.label = label;
+  run_began_ = Clock::now(), asked_all_ = false;
+  std::fill(told_peer_.begin(), told_peer_.end(), 0);
   while (!raised_.empty() && *raised_.begin() < run_ - 64) raised_.erase(raised_.begin());
   drop_runs_up_to(run_ - 1);  // what earlier runs left (an abandoned run's messages) is read by none
   auto told = aborts_.find(run_);
@@ -603,23 +631,24 @@ void TcpTransport::begin_run(int64_t check, const std::string& label, double tim
   }
   if (size_ < 2) return;
   const int prev = (rank_ + size_ - 1) % size_, next = (rank_ + 1) % size_;
-  if (check == 0) {  // a notice already here for this run: its sender made a call this rank did not
-    for (int p = 0; p < size_; ++p)
-      for (const Arrived& a : peers_[static_cast<size_t>(p)].arrived)
-        if ((a.tag & static_cast<int64_t>(kTagMask)) == kNoticeTag && run_of(a.tag) == run_) {
-          differs(p, std::string(a.data.begin() + sizeof(int64_t), a.data.end()));
-          return;
-        }
-    return;
+  if (check != 0 && run_ % kRunAhead == 0) {  // (posted first: it takes the previous rank's notice if here)
+    settled_ = false;
+    notice_in_.assign(kNoticeBytes, 0);
+    notice_ = recv_wire(notice_in_.data(), kNoticeBytes, prev, wire(run_, 0, kNoticeTag));
+    send_notice(next, run_);
   }
-  settled_ = false;
-  notice_in_.assign(kNoticeBytes, 0);
-  notice_ = recv_wire(notice_in_.data(), kNoticeBytes, prev, wire(run_, 0, kNoticeTag));
-  std::vector<char> notice(sizeof check + std::min(label.size(), kNoticeBytes - sizeof check));
-  std::memcpy(notice.data(), &check, sizeof check);
-  std::memcpy(notice.data() + sizeof check, label.data(), notice.size() - sizeof check);
-  const size_t bytes = notice.size();  // (before the move: arguments are evaluated in no set order)
-  send_wire(nullptr, bytes, next, wire(run_, 0, kNoticeTag), std::move(notice));
+  // What came for this run before it began: notices compared with this call, a message of another call
+  // answered with this rank's notice.
+  for (int p = 0; p < size_ && mismatch_.empty(); ++p) {
+    auto& arrived = peers_[static_cast<size_t>(p)].arrived;
+    for (auto a = arrived.begin(); a != arrived.end();) {
+      if (run_of(a->tag) != run_ || keep(p, a->tag, a->data)) {
+        ++a;
+      } else {
+        a = arrived.erase(a);
+      }
+    }
+  }
 }
 
 bool TcpTransport::settled() {
@@ -631,7 +660,7 @@ bool TcpTransport::settled() {
   std::memcpy(&theirs, notice_in_.data(), sizeof theirs);
   if (theirs == check_) return settled_ = true;
   const char* text = notice_in_.data() + sizeof theirs;
-  differs((rank_ + size_ - 1) % size_, std::string(text, strnlen(text, kNoticeBytes - sizeof theirs)));
+  differs((rank_ + size_ - 1) % size_, std::string(text, strnlen(text, kNoticeBytes - sizeof theirs)), run_);
   return false;
 }
 
@@ -648,7 +677,7 @@ bool TcpTransport::keep(int p, int64_t tag, const std::vector<char>& data) {
   }
   const int64_t run = run_of(tag);
   if (local == kAbortTag) {  // a rank found this run's (or an earlier run's) calls to differ
-    if (raised_.count(run)) return false;
+    if (raised_.count(run) || run <= dead_upto_) return false;
     if (told_.empty()) told_.assign(data.begin(), data.end());
     const std::string what = "rank " + std::to_string(rank_) + ": " + std::string(data.begin(), data.end());
     if (in_run_ && run <= run_) {  // this run, or one this rank finished: raised here now
@@ -659,22 +688,70 @@ bool TcpTransport::keep(int p, int64_t tag, const std::vector<char>& data) {
     }
     return false;
   }
-  if (run < run_ || (run == run_ && !in_run_)) return false;  // an abandoned run's, late
-  if (local == kNoticeTag && run == run_ && check_ == 0) {  // a checked call where this rank made another
-    differs(p, std::string(data.begin() + sizeof(int64_t), data.end()));
+  if (run > run_) return true;  // a run this rank has not begun: looked at again when it does
+  if (local == kNoticeTag) {    // a rank's call of this run, or of one this rank finished
+    compare(p, run, data);
     return false;
   }
-  return true;
+  const Past* mine = past(run);  // (none: a run abandoned when the ranks started over, whose messages are dropped)
+  if (mine == nullptr) return false;
+  auto check_of = [](int64_t w) { return (static_cast<uint64_t>(w) >> kTagBits) & kCheckMask; };
+  if (check_of(tag) != check_of(wire(0, mine->check, 0))) {
+    foreign(p, run);  // a message of another call: never read
+    return false;
+  }
+  return run == run_ && in_run_;  // this call's, come before its receive was posted (a finished run's: dropped)
 }
 
-void TcpTransport::differs(int p, const std::string& theirs) {
-  if (!mismatch_.empty()) return;
+const TcpTransport::Past* TcpTransport::past(int64_t run) const {
+  const Past& p = history_[static_cast<size_t>(run) % kHistory];
+  return run > 0 && p.run == run ? &p : nullptr;
+}
+
+void TcpTransport::send_notice(int p, int64_t run) {
+  const Past* was = past(run);
+  if (was == nullptr || p == rank_ || peers_[static_cast<size_t>(p)].closed) return;
+  if (run == run_) {
+    if (told_peer_[static_cast<size_t>(p)]) return;
+    told_peer_[static_cast<size_t>(p)] = 1;
+  }
+  std::vector<char> notice(sizeof(int64_t) + std::min(was->label.size(), kNoticeBytes - sizeof(int64_t)));
+  std::memcpy(notice.data(), &was->check, sizeof(int64_t));
+  std::memcpy(notice.data() + sizeof(int64_t), was->label.data(), notice.size() - sizeof(int64_t));
+  const size_t bytes = notice.size();  // (before the move: arguments are evaluated in no set order)
+  send_wire(nullptr, bytes, p, wire(run, 0, kNoticeTag), std::move(notice));
+}
+
+void TcpTransport::compare(int p, int64_t run, const std::vector<char>& notice) {
+  const Past* mine = past(run);
+  if (mine == nullptr || notice.size() < sizeof(int64_t)) return;  // (a run abandoned since: nothing to compare)
+  int64_t theirs = 0;
+  std::memcpy(&theirs, notice.data(), sizeof theirs);
+  if (theirs != mine->check) differs(p, std::string(notice.begin() + sizeof theirs, notice.end()), run);
+}
+
+void TcpTransport::foreign(int p, int64_t run) {
+  send_notice(p, run);  // p compares and tells every rank, naming both calls
+  if (foreign_run_ < 0) foreign_run_ = run, foreign_peer_ = p, foreign_since_ = Clock::now();
+}
+
+void TcpTransport::differs(int p, const std::string& theirs, int64_t run) {
+  const Past* mine = past(run);
+  // (once this rank has said it starts over, every rank will: an abort said after that could reach one that
+  // has started over already, and be taken for one of its new runs')
+  if (mine == nullptr || raised_.count(run) || aborts_.count(run) || announced_ == epoch_ + 1) return;
+  if (run == run_ && in_run_ && !mismatch_.empty()) return;
   const std::string text = "ranks called ddl differently: ranks " + std::to_string(p) + ": " + theirs +
-                           "; ranks " + std::to_string(rank_) + ": " + label_;
-  mismatch_ = "rank " + std::to_string(rank_) + ": " + text;
-  raised_.insert(run_);
+                           "; ranks " + std::to_string(rank_) + ": " + mine->label;
+  const std::string what = "rank " + std::to_string(rank_) + ": " + text;
+  if (in_run_ && run <= run_) {  // this run, or one this rank finished: raised here now
+    mismatch_ = what + (run < run_ ? " (a call this rank had finished)" : "");
+    raised_.insert(run);
+  } else {  // a run this rank finished, between runs: raised at its next
+    aborts_.emplace(run, what);
+  }
   told_ = text + " (found by rank " + std::to_string(rank_) + ")";
-  tell_others(wire(run_, 0, kAbortTag), std::vector<char>(told_.begin(), told_.end()));
+  tell_others(wire(run, 0, kAbortTag), std::vector<char>(told_.begin(), told_.end()));
 }
 
 void TcpTransport::abandon_run() {
@@ -713,11 +790,19 @@ void TcpTransport::abandon_run() {
   // (over a Unix socket, whose buffer is small, 1 broadcast test in 10 waited for it until the deadline).
   const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(std::min(timeout_s_, 10.0)));
+  // A peer that has raised too may be waiting in its start-over, reading (then its queue drains), or may have
+  // stopped calling ddl until its next call (then it reads nothing now, and this rank writes the rest at its own
+  // next call): its queue is waited for while its bytes move, not past kStalled without.
   try {  // (a queue that is not empty waits on EPOLLOUT: send_wire flushed it as far as the socket took)
     auto pending = [&] {
-      for (const Peer& peer : peers_)
-        if (!peer.sends.empty() && !peer.closed) return true;
-      return false;
+      bool any = false;
+      for (int q = 0; q < size_; ++q) {
+        const Peer& peer = peers_[static_cast<size_t>(q)];
+        if (peer.sends.empty() || peer.closed) continue;
+        if (!over_.count({epoch_ + 1, q})) return true;
+        any = true;
+      }
+      return any && Clock::now() - last_moved_ < kStalled;
     };
     while (pending() && Clock::now() < until) wait_events(kLongestEventWait);
   } catch (const TransportError&) {  // a peer lost meanwhile: said at the next call
@@ -765,11 +850,14 @@ void TcpTransport::start_over(double timeout_s) {
     highest = std::max(highest, over_[{epoch_, q}]);
   }
   over_.erase(over_.begin(), over_.upper_bound({epoch_, size_}));
-  run_ = highest;  // every run so far is behind every rank now: its messages are dropped where they arrive
+  run_ = dead_upto_ = highest;  // every run so far is behind every rank now: its messages are dropped where
+                                // they arrive, and what they told (a late abort of one) is not heard
   drop_runs_up_to(run_);
   aborts_.clear();
   raised_.clear();
   told_.clear();
+  for (Past& p : history_) p.run = -1;  // (the runs abandoned: messages of theirs are compared with nothing)
+  foreign_run_ = -1;
   start_over_ = false;
 }
 

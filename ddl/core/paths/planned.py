@@ -1,11 +1,11 @@
 """The planned path: an agreement round with no payload, then ddl's own plan on the native executor — per level,
 innermost first, pipelined in blocks (the planner chooses, ddl.schedule compiles, the executor runs).
 
-Over ddl's own TCP connections an allreduce, a reduce-scatter or a broadcast (from CHECKED_BROADCAST_FROM) up
-to CHECKED_UP_TO has no agreement round: its messages carry the run's number and its call's hash, which the
-ranks compare on receipt around a ring (Transport::begin_run), so a rank that called differently makes every
-rank raise MismatchError (a broadcast's rank that had finished, in the call it is in by then or at its next) and
-no message is read by another call. It runs into a buffer of its own, delivered once the call is known to be
+Over ddl's own TCP connections an allreduce, a reduce-scatter or a broadcast up to CHECKED_UP_TO has no
+agreement round: its messages carry the run's number and its call's hash, which the ranks compare on receipt
+(Transport::begin_run; ddl/_native's TcpTransport says how: no message of its own while calls agree), so a
+rank that called differently makes every rank raise MismatchError (a broadcast's rank that had finished, in the
+call it is in by then or within the next TcpTransport.RUN_AHEAD) and no message is read by another call. It runs into a buffer of its own, delivered once the call is known to be
 the others': a mismatch changes neither the input nor ``out``. (On T2 the round took about 0.45 ms of a 64 KiB
 allreduce's 2.2.)
 
@@ -36,9 +36,9 @@ CHAIN_FROM = 256 << 10  # broadcasts from this size (and 3 ranks) run as a pipel
 CHAIN_BLOCK = 64 << 10  # ... in blocks of this size: p - 1 blocks of fill, small against the whole
 CHECKED_UP_TO = 1 << 20  # over TCP, calls up to this size are checked on receipt (above it the round is a small
                          # part of the call; at 4 MiB on T1 it no longer paid for the copy: 60.0 ms against 58.3)
-CHECKED_BROADCAST_FROM = 64 << 10  # ... broadcasts from this size: a smaller one's root waits for the rank before
-# it, which waited for the tree's last call, so it is no faster than its ride (8 B-8 KiB: 1.00-1.40x the ride's
-# time on T1 and T2; 64 KiB-1 MiB: 0.67-0.86x the agreed call's; benchmarks/results/checked-calls.md)
+# (Small broadcasts too: while each checked run waited for the previous rank's notice, a root waited for the
+# tree's last call and 8 B-8 KiB took 1.00-1.40x their ride's time; since runs send notices only every
+# RUN_AHEAD-th, an 8 B broadcast on T1 takes 280-310 us against the ride's 540-610.)
 
 
 class Planned:
@@ -61,13 +61,12 @@ class Planned:
         """Whether this allreduce, reduce-scatter or broadcast is checked on receipt instead of agreed first
         (ddl's TCP; a call with bytes: one with none sends nothing to check; an allreduce not under -check,
         which compares with MPI). An allreduce or a reduce-scatter depends on every rank's data, so no rank
-        finishes one that another called differently; a broadcast's rank may, having heard from its parent and
-        the rank before it only, and raises in the call it is in by then or at its next."""
+        finishes one that another called differently; a broadcast's rank may, having heard from its parent only,
+        and raises in the call it is in by then or within the next RUN_AHEAD (TcpTransport)."""
         comm, collective, a = self.comm, call.collective, call.array
         return collective in ("allreduce", "reduce_scatter", "broadcast") and comm.over_tcp and \
             call.problem is None and (comm.options.check is None or collective != "allreduce") and \
-            not a.dtype.hasobject and 0 < a.nbytes <= CHECKED_UP_TO and \
-            (collective != "broadcast" or a.nbytes >= CHECKED_BROADCAST_FROM)
+            not a.dtype.hasobject and 0 < a.nbytes <= CHECKED_UP_TO
 
     def run(self, call):
         return getattr(self, "_" + call.collective)(call)

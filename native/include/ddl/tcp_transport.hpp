@@ -9,13 +9,25 @@
 // be posted larger than the message (the executor's header mode does), never smaller.
 //
 // Runs checked on receipt (Transport::begin_run): the tag on the wire is [run 20 bits | check 20 | tag 24], so a
-// message is only read by the run, and the call, that sent it; one of an earlier run is dropped. A checked run
-// sends its call's hash and text to the next rank (a notice) and ends only once the previous rank's has come
-// and equals its own: around the ring every rank's call is then every other's. A rank that finds a difference
-// (or a notice in a run that has none, which an agreement round began) tells every rank (an abort), and each
-// raises CallMismatch in that run, or, having finished it (a broadcast's rank may), in the run it is in or at
-// its next. Then they start over: each one's next run first tells every rank its last run number and takes the
-// largest, so that a run one rank had begun and the others never will is read by nobody.
+// message is only read by the run, and the call, that sent it; one of an earlier run is dropped. Every rank
+// remembers its last runs' calls (hash and text). Ranks that called differently find out three ways; a quick
+// run of calls that agree sends none of their messages:
+//  - a message of this run (or of one this rank finished) whose check is not this rank's call's: this rank
+//    sends the sender its notice (its call's hash and text) for that run (and, without an answer within
+//    kForeignWait, raises naming its own call alone: the sender may have stopped calling ddl);
+//  - a run still waiting kAskAfter after it began sends its notice to every rank (a rank whose call has no
+//    message for this one, or which waits for one that never comes);
+//  - every kRunAhead-th checked run sends its notice to the next rank and ends only once the previous rank's
+//    has come: a rank runs at most that many calls ahead of the rank before it (a broadcast's root would
+//    otherwise never wait for anyone), so where calls differ it raises within that many.
+// A rank that gets a notice compares it with its own call of that run (now, or when it begins that run); the
+// one that finds a difference (or a notice in a run that has none, which an agreement round began) tells every
+// rank (an abort), and each raises CallMismatch in that run, or, having finished it (a broadcast's rank may),
+// in the run it is in or at its next. Of two calls whose plans differ, one waits for a message the other does
+// not send, or gets one it did not expect (each plan reaches every rank), so one of the first two ways always
+// fires. Then they start over:
+// each one's next run first tells every rank its last run number and takes the largest, so that a run one rank
+// had begun and the others never will is read by nobody.
 //
 // Waiting (idle): a run nobody waits for (rest > 0) blocks in epoll up to 1 ms, or rest where longer; a run its
 // caller waits for (rest 0) polls for 100 us after bytes last moved, then blocks the same way. While blocks wait
@@ -43,6 +55,8 @@ class TcpTransport final : public Transport {
   // Listens on bind_address (empty: every interface), a port the kernel picks.
   TcpTransport(int rank, int size, const std::string& bind_address, bool yield_when_idle);
   ~TcpTransport() override;
+  // One in this many checked runs waits for the previous rank's notice (see above).
+  static constexpr int kRunAhead = 16;
   int port() const { return port_; }
   int unix_peers() const { return unix_peers_; }  // peers connected over a Unix socket (ranks of this host)
   // Connects to every peer: lower ranks are dialed, higher ranks accepted. addresses[p]: peer p's candidate
@@ -120,7 +134,16 @@ class TcpTransport final : public Transport {
   int64_t wire(int64_t run, int64_t check, int64_t tag) const;
   int64_t run_of(int64_t wire) const;  // the run a message belongs to (its 24 bits, near this rank's)
   bool keep(int p, int64_t wire, const std::vector<char>& data);  // an unexpected message: kept, or dropped
-  void differs(int p, const std::string& theirs);  // ranks called differently: raise here, tell every rank
+  // ranks called differently in `run` (this one, or one this rank finished): raise here, tell every rank
+  void differs(int p, const std::string& theirs, int64_t run);
+  struct Past {  // a run this rank began since the ranks last started over
+    int64_t run = -1, check = 0;
+    std::string label;
+  };
+  const Past* past(int64_t run) const;       // nullptr: not begun, or too long ago, or before starting over
+  void send_notice(int p, int64_t run);      // this rank's call of `run`, to rank p
+  void compare(int p, int64_t run, const std::vector<char>& notice);  // rank p's call of `run` against this one's
+  void foreign(int p, int64_t run);          // p sent a message of another call in `run`: tell p this rank's
   void start_over(double timeout_s);  // after a mismatch, with every rank: a first run number above all used
   void announce_over();  // tells every rank that this one starts over (once per epoch)
   void tell_others(int64_t wire, const std::vector<char>& what);  // a message of the transport's own, to each peer
@@ -143,13 +166,21 @@ class TcpTransport final : public Transport {
   bool in_run_ = false, settled_ = true;
   double timeout_s_ = 60.0;        // the latest run's deadline (DDL_TIMEOUT)
   std::string label_, mismatch_;
-  Handle notice_ = -1;             // the previous rank's notice, this run's
+  Handle notice_ = -1;             // the previous rank's notice, this run's (every kRunAhead-th run)
   std::vector<char> notice_in_;
+  std::vector<Past> history_;      // by run, modulo its size
+  Clock::time_point run_began_;
+  bool asked_all_ = false;         // this run waited long enough to send every rank its notice
+  std::vector<char> told_peer_;    // ranks that have this run's notice from this rank
+  int64_t foreign_run_ = -1;       // a run in which a message of another call came (-1: none waited on)
+  int foreign_peer_ = -1;          // ... from this rank
+  Clock::time_point foreign_since_;
   std::map<int64_t, std::string> aborts_;  // runs that others raised for, not yet raised for here
   std::set<int64_t> raised_;               // runs raised for here (a second abort of one is ignored)
   bool start_over_ = false;                // this rank raised in a run: its next starts over
   std::string told_;                       // what differed, as the ranks tell each other (since starting over)
   int64_t epoch_ = 0, announced_ = 0;      // times the ranks started over; the epoch this rank last announced
+  int64_t dead_upto_ = 0;                  // runs up to this one were abandoned when the ranks last started over
   std::map<std::pair<int64_t, int>, int64_t> over_;  // (epoch, rank) -> that rank's last run, as it started over
 };
 
