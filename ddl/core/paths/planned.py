@@ -5,8 +5,9 @@ Over ddl's own TCP connections an allreduce, a reduce-scatter or a broadcast up 
 agreement round: its messages carry the run's number and its call's hash, which the ranks compare on receipt
 (Transport::begin_run; ddl/_native's TcpTransport says how: no message of its own while calls agree), so a
 rank that called differently makes every rank raise MismatchError (a broadcast's rank that had finished, in the
-call it is in by then or within the next TcpTransport.RUN_AHEAD) and no message is read by another call. It runs into a buffer of its own, delivered once the call is known to be
-the others': a mismatch changes neither the input nor ``out``. (On T2 the round took about 0.45 ms of a 64 KiB
+call it is in by then or within the next TcpTransport.RUN_AHEAD) and no message is read by another call. It
+runs into a buffer of its own, delivered once the call is known to be the others': a mismatch changes neither
+the input nor ``out``. (On T2 the round took about 0.45 ms of a 64 KiB
 allreduce's 2.2.)
 
 Serves every collective, valid or not: it is the last of every table. A refused call raises on every rank in
@@ -38,7 +39,8 @@ CHECKED_UP_TO = 1 << 20  # over TCP, calls up to this size are checked on receip
                          # part of the call; at 4 MiB on T1 it no longer paid for the copy: 60.0 ms against 58.3)
 # (Small broadcasts too: while each checked run waited for the previous rank's notice, a root waited for the
 # tree's last call and 8 B-8 KiB took 1.00-1.40x their ride's time; since runs send notices only every
-# RUN_AHEAD-th, an 8 B broadcast on T1 takes 280-310 us against the ride's 540-610.)
+# RUN_AHEAD-th, an 8 B broadcast on T1 took 280-310 us against the ride's 540-610 at one hour, and 737 against
+# 922 alternating in one job at the next; 1 KiB 752 against 709: docs/benchmarks.md.)
 
 
 class Planned:
