@@ -155,12 +155,13 @@ def pooled(by_round: list[dict]) -> dict:
                     samples.setdefault(a, {}).setdefault(s, []).extend(v)
     times = {a: {s: statistics.median(v) for s, v in by_size.items()} for a, by_size in samples.items()
              if not a.startswith("ddl@")}
-    every_job = [v for a, by_size in samples.items() if a == "ddl" or a.startswith("ddl@") for v in by_size.items()]
+    every_job: dict[int, list[float]] = {}  # ddl's samples from each job it ran in
+    for a, by_size in samples.items():
+        if a == "ddl" or a.startswith("ddl@"):
+            for s, v in by_size.items():
+                every_job.setdefault(s, []).extend(v)
     if every_job:
-        pooled_ddl: dict[int, list[float]] = {}
-        for s, v in every_job:
-            pooled_ddl.setdefault(s, []).extend(v)
-        times["ddl"] = {s: statistics.median(v) for s, v in pooled_ddl.items()}
+        times["ddl"] = {s: statistics.median(v) for s, v in every_job.items()}
     kept = [m for i, m in enumerate(medians) if i not in disturbed]
     round_ratios = [paired(m) for m in kept]
     ratios = {p: {s: statistics.median(r[p][s] for r in round_ratios if s in r.get(p, {})) for s in by_size}

@@ -614,7 +614,7 @@ void TcpTransport::begin_run(int64_t check, const std::string& label, double tim
     if (raise) throw CallMismatch(said);
   }
   ++run_;
-  in_run_ = true, check_ = check, label_ = label, settled_ = true, timeout_s_ = timeout_s;
+  in_run_ = true, check_ = check, settled_ = true, timeout_s_ = timeout_s;
   mismatch_.clear();
   Past& now = history_[static_cast<size_t>(run_) % kHistory];
   now.run = run_, now.check = check, now.label = label;

@@ -25,9 +25,8 @@
 // rank (an abort), and each raises CallMismatch in that run, or, having finished it (a broadcast's rank may),
 // in the run it is in or at its next. Of two calls whose plans differ, one waits for a message the other does
 // not send, or gets one it did not expect (each plan reaches every rank), so one of the first two ways always
-// fires. Then they start over:
-// each one's next run first tells every rank its last run number and takes the largest, so that a run one rank
-// had begun and the others never will is read by nobody.
+// fires. Then they start over: each one's next run first tells every rank its last run number and takes the
+// largest, so that a run one rank had begun and the others never will is read by nobody.
 //
 // Waiting (idle): a run nobody waits for (rest > 0) blocks in epoll up to 1 ms, or rest where longer; a run its
 // caller waits for (rest 0) polls for 100 us after bytes last moved, then blocks the same way. While blocks wait
@@ -165,7 +164,7 @@ class TcpTransport final : public Transport {
   int64_t run_ = 0, check_ = 0;  // this rank's latest run and its check (0: none)
   bool in_run_ = false, settled_ = true;
   double timeout_s_ = 60.0;        // the latest run's deadline (DDL_TIMEOUT)
-  std::string label_, mismatch_;
+  std::string mismatch_;
   Handle notice_ = -1;             // the previous rank's notice, this run's (every kRunAhead-th run)
   std::vector<char> notice_in_;
   std::vector<Past> history_;      // by run, modulo its size
