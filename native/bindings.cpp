@@ -15,6 +15,7 @@
 #include "ddl/loopback.hpp"
 #include "ddl/mpi_transport.hpp"
 #include "ddl/parts.hpp"
+#include "ddl/python_run.hpp"
 #include "ddl/staging.hpp"
 #include "ddl/tcp_transport.hpp"
 
@@ -45,11 +46,6 @@ int64_t plan_extent(const Plan& plan) {
   }
   return extent;
 }
-
-struct PyPlan {
-  Plan plan;
-  int64_t extent = 0;
-};
 
 PyPlan make_plan(const std::vector<Program>& programs, const Rows& blocks, int32_t inflight) {
   if (blocks.ndim() != 2 || (blocks.shape(0) && blocks.shape(1) != 2))
@@ -86,38 +82,6 @@ void* writable_buffer(const py::buffer& buf, DType dtype, int64_t extent) {
 int64_t elements(const py::buffer& buf, DType dtype) {
   py::buffer_info info = buf.request();
   return static_cast<int64_t>(info.size * info.itemsize / static_cast<py::ssize_t>(dtype_size(dtype)));
-}
-
-// What Python passes to Executor.run: the element type and op, the deadline and label, and the optional forms
-// of a run (a header merged by max, a small run into another buffer, a GPU block staged through this buffer).
-struct PyRunOptions {
-  DType dtype = DType::float32;
-  ReduceOp op = ReduceOp::sum;
-  double timeout = 300.0;
-  std::string label = "collective";
-  std::optional<int64_t> header;  // agreement: every message carries {h, -h}, merged by max
-                                  // (with run's out: the small collective, into out only if all agreed)
-  int64_t capacity = 0;           // with a header: payload bytes every receive accepts
-  double factor = 1.0;            // result scaled by this (avg) once reduced
-  nccl::Group* group = nullptr;   // staging: the GPU block at `device` runs through the (pinned) buffer
-  uintptr_t device = 0;
-  int64_t check = 0;              // the call's hash, checked on receipt where the transport can (no agreement)
-};
-
-RunOptions native_options(const PyRunOptions& o) {
-  RunOptions opt;
-  opt.dtype = o.dtype;
-  opt.op = o.op;
-  opt.timeout_s = o.timeout;
-  opt.label = o.label;
-  opt.check = o.check;
-  if (o.header) {
-    opt.header_mode = true;
-    opt.header[0] = *o.header;
-    opt.header[1] = -*o.header;
-    opt.header_capacity = o.capacity;
-  }
-  return opt;
 }
 
 // The one entry: returns whether every rank's header equalled this one's (true when there is none).

@@ -33,7 +33,7 @@ from ..topology.probe.session import doubt_cached
 from ..topology.switches import switch_levels
 from . import bootstrap, devices, failures, flight, host, paths, tcp, timeline
 from .agreement import CAPACITY, Agreement, hash64
-from .asynchronous import Submitting, Worker, waiting_on
+from .asynchronous import Submitting, Worker
 from .calls import Calls, gathered_into
 from .diagnostics import CallTimer
 from .join import beside_joined, serve_until_all_joined
@@ -139,10 +139,12 @@ class Communicator(Planning, Submitting):
                                                                            single_copy=o.shm != "slots")
         # known calls' short forms: not where each call feeds a timer, a timeline or a check
         quick = not o.dump_iter and not o.timeline and o.check is None
-        # ... found and run natively on the host level or alone (Python's road stays for what they decline)
+        # ... found and run natively on the host level or alone, or across hosts as the executor's planned runs
+        # of the calls that repeat them (Python's road stays for what they decline)
         self._native = _native.ShortCalls(self.host_memory.native if self.host_memory is not None else None,
-                                          _weakly(self.agreement.report_mismatch), _weakly(self._host_failure)) \
-            if quick and (self.host_memory is not None or size == 1) else None
+                                          _weakly(self.agreement.report_mismatch), _weakly(self._host_failure),
+                                          executor if self.host_memory is None and size > 1 else None) \
+            if quick and (self.host_memory is not None or size == 1 or executor is not None) else None
         self._calls = Calls(rank, size, self.agreement, o.timeout, self.host_memory is not None, size == 1)
         self.road = Road(paths.table(self), o.path, quick, self._native, self.drain,
                          self._timed if self._timer is not None or self._recorder is not None else None)
@@ -255,30 +257,56 @@ class Communicator(Planning, Submitting):
         """Runs a compiled pipeline on this communicator's executor (``_native.RunOptions``; ``out``: see
         _native.Executor.run; ``parts``: run_parts' arguments after the staged ``buffer``); returns whether every
         rank's header agreed (True without one). The caller holds ``lock`` and has agreed first."""
-        submitted = self._worker is not None and self._worker.on_worker()
+        executor = self._executor
+        # a blocking call's caller waits for its run (it polls); a submitted one's may work beside it
+        # (asynchronous.waiting_on, spelt out: a small call's Python is most of its time)
+        waits = self._worker is None or not self._worker.on_worker()
         try:
-            # a blocking call's caller waits for its run (it polls); a submitted one's may work beside it
-            with waiting_on(None if submitted else self._executor):
+            if waits:
+                executor.caller_waits(True)
+            try:
                 if parts is not None:
-                    self._executor.run_parts(plan.native, buffer, *parts, options)
+                    executor.run_parts(plan.native, buffer, *parts, options)
                     return True
-                return self._executor.run(plan.native, buffer, options, out)
+                return executor.run(plan.native, buffer, options, out)
+            finally:
+                if waits:
+                    executor.caller_waits(False)
         except DDLError as e:
-            failure = failures.name_failure(self, e, options.label, plan) if isinstance(e, RankFailure) else \
-                self._name_absent(e, options.label) if failures.is_deadline(e) else e
-            if isinstance(failure, RankFailure):
-                self.failure = failure  # for ddl.elastic, where a framework wrapped the error in its own
-            if self._flight is not None and isinstance(e, TransportError):
-                # an agreement round's phases are level -1 (all ranks): name it so
-                what = plan.phases[0][1] if plan.phases and plan.phases[0][0] < 0 else plan.algorithm
-                self._flight.failed(failure, what, plan.phases)
-                failures.write_flight_recorder(self.rank, failure, self.options.dbg_level >= 1)
+            failure = self.run_failure(e, plan, options.label)
             if failure is not e:
                 raise failure from None
             raise
         finally:
             if self._recorder is not None:
                 self._recorder.ran(plan.phases, plan.algorithm, options.label)
+
+    def run_failure(self, e: DDLError, plan: CompiledPipeline, label: str) -> DDLError:
+        """A run's error as its caller gets it: a dead rank named (and kept, for ddl.elastic), a deadline with the
+        ranks that never reached the call, the flight recorder written; others as they came."""
+        failure = failures.name_failure(self, e, label, plan) if isinstance(e, RankFailure) else \
+            self._name_absent(e, label) if failures.is_deadline(e) else e
+        if isinstance(failure, RankFailure):
+            self.failure = failure  # for ddl.elastic, where a framework wrapped the error in its own
+        if self._flight is not None and isinstance(e, TransportError):
+            # an agreement round's phases are level -1 (all ranks): name it so
+            what = plan.phases[0][1] if plan.phases and plan.phases[0][0] < 0 else plan.algorithm
+            self._flight.failed(failure, what, plan.phases)
+            failures.write_flight_recorder(self.rank, failure, self.options.dbg_level >= 1)
+        return failure
+
+    def teach_planned(self, collective: str, call, plan: CompiledPipeline, options) -> None:
+        """ddl._native.ShortCalls learns a known broadcast or allreduce's planned run (its plan and options, the
+        same every time): later calls of its signature are found and run natively (across hosts)."""
+        if self._native is None:
+            return
+        a, label = call.array, options.label
+        failed = _weakly(self.run_failure)
+        named = lambda e: failed(e, plan, label)  # noqa: E731 (the table holds it: no reference to self)
+        if collective == "broadcast":
+            self._native.learn_planned_broadcast(a.dtype, a.shape, call.root, plan.native, options, named)
+        else:
+            self._native.learn_planned_allreduce(a.dtype, a.shape, call.op, plan.native, options, named)
 
     def _slowest(self, seconds: float) -> float:
         """The largest of every rank's ``seconds`` (the plan check's windows: a check, so MPI's own allreduce,

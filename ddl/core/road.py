@@ -4,7 +4,8 @@ serves it.
 A path is a module of ddl.core.paths (or ddl.gpu's device path) with one class: ``name`` (as ddl.explain and
 DDL_PATH say it), ``serves`` (the collectives it provides), ``takes(call)`` (why it takes this call, or None)
 and ``run(call)``; a path whose calls repeat cheaply also has ``again(known, array, out)``, the short form of
-a known call (``repeats``: its collectives that do; ``native``: ddl._native.ShortCalls can run them too).
+a known call (``repeats``: its collectives that do, ``repeatable(call)`` where only some of their calls do;
+``native``: ddl._native.ShortCalls can run them too; ``teach(call)``: the path teaches ShortCalls what it can).
 The communicator builds its table when it is made (and again after an elastic shrink, which makes a new
 communicator): per collective, the paths that provide it, in the table's order. Which path serves a call is
 data — the order, and each path's reason — as Open MPI's coll framework fills a communicator's table from its
@@ -68,7 +69,10 @@ class Road:
         if call.problem is None and call.known.short and call.key:
             if self.native is not None and getattr(path, "native", False):
                 teach(self.native, call)
-            if self.quick is not None and call.collective in getattr(path, "repeats", ()):
+            elif self.native is not None and hasattr(path, "teach"):  # (a planned run the executor repeats)
+                path.teach(call)
+            if self.quick is not None and call.collective in getattr(path, "repeats", ()) and \
+                    getattr(path, "repeatable", lambda _: True)(call):
                 if len(self.quick) > KEPT:
                     self.quick.clear()
                 self.quick[call.key] = (path, call.known)

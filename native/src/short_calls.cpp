@@ -1,5 +1,7 @@
 // A communicator's short paths on the host memory level (or in a job of one rank), each found and run in one
-// native call.
+// native call; across hosts (ddl's TCP), the known calls whose plan and options are the same every time (a
+// broadcast or an allreduce checked on receipt, an allreduce riding in the agreement round), run on the
+// executor the same way.
 //
 // Python checks a call the first time it sees its signature (its refusals and their messages live there) and
 // then teaches this table the signature: the dtype object (held here, so its address cannot come back as another
@@ -25,8 +27,11 @@
 #include <optional>
 #include <unordered_map>
 
+#include "ddl/executor.hpp"
 #include "ddl/host_calls.hpp"
 #include "ddl/host_memory.hpp"
+#include "ddl/python_run.hpp"
+#include "ddl/reduce.hpp"
 #include "ddl/transport.hpp"
 
 namespace py = pybind11;
@@ -60,6 +65,15 @@ struct KeyHash {
   }
 };
 
+// A known call's planned run on the executor, as Python made it on the first call: its Pipeline and RunOptions
+// (held), and Python's way of naming a transport failure of it (failed(error) returns the error to raise).
+struct PlannedRun {
+  py::object plan_object, options_object, failed;
+  const PyPlan* plan = nullptr;
+  const PyRunOptions* options = nullptr;
+  std::vector<char> own;  // a checked run's buffer of its own: out is written once the ranks' calls agreed
+};
+
 struct Entry {
   py::object dtype;  // keeps the key's dtype object alive
   Kind kind;
@@ -68,9 +82,11 @@ struct Entry {
   HostCall call;     // broadcast, allgather
   HostAllreduce allreduce{};
   HostReduceScatter reduce_scatter{};
+  std::shared_ptr<PlannedRun> planned;  // across hosts: the run on the executor (no host level)
   HostCall& host_call() {
     return kind == Kind::allreduce ? allreduce.call : kind == Kind::reduce_scatter ? reduce_scatter.call : call;
   }
+  const std::string& label() { return planned ? planned->options->label : host_call().label; }
 };
 using EntryPtr = std::shared_ptr<Entry>;  // a call holds its entry: another thread may clear the table meanwhile
 
@@ -112,21 +128,42 @@ bool op_name(py::handle op, std::array<char, 16>* name) {
 
 class ShortCalls {
  public:
-  // host: the communicator's HostMemory, or None for a job of one rank (each collective is then a copy).
+  // host: the communicator's HostMemory, or None for a job of one rank (each collective is then a copy) or one
+  // across hosts (executor: its Executor, whose planned runs are learnt by learn_planned_*).
   // on_mismatch(text) raises ranks' calls' differences; on_failure(error, text) returns the error to raise.
-  ShortCalls(py::object host, py::object on_mismatch, py::object on_failure)
+  ShortCalls(py::object host, py::object on_mismatch, py::object on_failure, py::object executor)
       : owner_(std::move(host)),
         host_(owner_.is_none() ? nullptr : &owner_.cast<HostMemory&>()),
+        executor_owner_(std::move(executor)),
+        executor_(executor_owner_.is_none() ? nullptr : &executor_owner_.cast<Executor&>()),
         on_mismatch_(std::move(on_mismatch)),
         on_failure_(std::move(on_failure)) {}
 
+  // A known call's planned run (plan: a Pipeline, options: its RunOptions; an allreduce's with a header rides in
+  // the agreement round, one without is checked on receipt, as a broadcast is): later calls run it from here.
+  void learn_planned_broadcast(py::object dtype, const Shape& shape, int root, py::object plan,
+                               py::object options, py::object failed) {
+    Entry e = entry(dtype, Kind::broadcast, shape, shape);
+    if (planned(&e, std::move(plan), std::move(options), std::move(failed)) && !e.planned->options->header)
+      remember(key(dtype, Kind::broadcast, shape, root, {}), std::move(e));
+  }
+  void learn_planned_allreduce(py::object dtype, const Shape& shape, py::handle op, py::object plan,
+                               py::object options, py::object failed) {
+    std::array<char, 16> name{};
+    Entry e = entry(dtype, Kind::allreduce, shape, shape);
+    if (op_name(op, &name) && planned(&e, std::move(plan), std::move(options), std::move(failed)))
+      remember(key(dtype, Kind::allreduce, shape, 0, name), std::move(e));
+  }
+
   void learn_broadcast(py::object dtype, const Shape& shape, int root, const HostCall& call) {
+    if (executor_) return;  // (across hosts: planned runs only)
     Entry e = entry(dtype, Kind::broadcast, shape, shape);
     e.call = call;
     e.call.run_ahead = true;  // every rank has made this call before: a small one need not wait for all
     remember(key(dtype, Kind::broadcast, shape, root, {}), std::move(e));
   }
   void learn_allgather(py::object dtype, const Shape& shape, const Shape& gathered, const HostCall& call) {
+    if (executor_) return;  // (across hosts: planned runs only)
     Entry e = entry(dtype, Kind::allgather, shape, gathered);
     e.call = call;
     remember(key(dtype, Kind::allgather, shape, 0, {}), std::move(e));
@@ -135,7 +172,7 @@ class ShortCalls {
   void learn_allreduce(py::object dtype, const Shape& shape, py::handle op,
                        const std::optional<HostAllreduce>& prepared) {
     std::array<char, 16> name{};
-    if (!op_name(op, &name) || !(prepared || !host_)) return;
+    if (executor_ || !op_name(op, &name) || !(prepared || !host_)) return;
     Entry e = entry(dtype, Kind::allreduce, shape, shape);
     if (prepared) e.allreduce = *prepared;
     remember(key(dtype, Kind::allreduce, shape, 0, name), std::move(e));
@@ -143,7 +180,7 @@ class ShortCalls {
   void learn_reduce_scatter(py::object dtype, const Shape& shape, py::handle op, const Shape& part,
                             const std::optional<HostReduceScatter>& prepared) {
     std::array<char, 16> name{};
-    if (!op_name(op, &name) || !(prepared || !host_)) return;
+    if (executor_ || !op_name(op, &name) || !(prepared || !host_)) return;
     Entry e = entry(dtype, Kind::reduce_scatter, shape, part);
     if (prepared) e.reduce_scatter = *prepared;
     remember(key(dtype, Kind::reduce_scatter, shape, 0, name), std::move(e));
@@ -162,6 +199,7 @@ class ShortCalls {
     View in{}, to{};
     const auto e = root == root_value ? find(array, Kind::broadcast, root, {}, &in) : nullptr;
     if (!e) return py::none();
+    if (e->planned) return planned_broadcast(*e, in, out, root);
     if (out.ptr() == array.ptr()) {  // in place: the usual form
       if (!(in.flags & kWritable)) return py::none();
       if (!host_) return py::reinterpret_borrow<py::object>(out);
@@ -198,6 +236,7 @@ class ShortCalls {
     py::object dst;
     const auto e = reduction(array, Kind::allreduce, op, out, &in, &to, &dst);
     if (!e) return py::none();
+    if (e->planned) return planned_allreduce(*e, in, to, out.is_none(), dst);
     if (!host_) return alone(*e, in, to, dst);
     HostAllreduce& a = e->allreduce;
     return run(*e, dst, [&] {
@@ -227,7 +266,7 @@ class ShortCalls {
   }
 
   // The call last found here, as error messages name it (Python names a failure with it).
-  std::string last_text() const { return last_ ? last_->host_call().label : std::string(); }
+  std::string last_text() const { return last_ ? last_->label() : std::string(); }
   size_t size() const { return table_.size(); }
 
  private:
@@ -287,6 +326,87 @@ class ShortCalls {
     return py::reinterpret_borrow<py::object>(out);
   }
 
+  // e's planned run, if the plan moves exactly the call's bytes (else Python's path, always).
+  bool planned(Entry* e, py::object plan, py::object options, py::object failed) {
+    if (!executor_) return false;
+    auto p = std::make_shared<PlannedRun>();
+    p->plan = &plan.cast<const PyPlan&>();
+    p->options = &options.cast<const PyRunOptions&>();
+    if (p->options->group || static_cast<size_t>(p->plan->extent) * dtype_size(p->options->dtype) != e->in_bytes)
+      return false;
+    p->plan_object = std::move(plan), p->options_object = std::move(options), p->failed = std::move(failed);
+    if (!p->options->header) p->own.resize(e->in_bytes);
+    e->planned = std::move(p);
+    return true;
+  }
+
+  // Root's bytes to every rank: into a new array directly, else through the entry's own buffer (a checked run
+  // that raises leaves out as it was).
+  py::object planned_broadcast(Entry& e, const View& in, py::handle out, int root) {
+    View to{};
+    py::object dst = output(e, out, &to);
+    if (!dst) return py::none();
+    char* buf = out.is_none() ? to.data : e.planned->own.data();
+    if (executor_->transport().rank() == root) std::memcpy(buf, in.data, e.in_bytes);
+    run_planned(e, [&](RunOptions& opt) { executor_->run(e.planned->plan->plan, buf, opt); });
+    if (buf != to.data) std::memcpy(to.data, buf, e.in_bytes);
+    return dst;
+  }
+
+  // A ride writes `to` only where every rank's call agreed (else on_mismatch raises); a checked run works in a
+  // new result or the entry's own buffer, as the broadcast does.
+  py::object planned_allreduce(Entry& e, const View& in, const View& to, bool fresh, py::object dst) {
+    PlannedRun& p = *e.planned;
+    if (p.options->header) {
+      bool agreed = false;
+      run_planned(e, [&](RunOptions& opt) {
+        agreed = executor_->run_small(p.plan->plan, in.data, to.data, e.in_bytes, p.options->factor, opt);
+      });
+      if (!agreed) on_mismatch_(p.options->label);  // (raises)
+      return dst;
+    }
+    char* buf = fresh ? to.data : p.own.data();
+    std::memcpy(buf, in.data, e.in_bytes);
+    run_planned(e, [&](RunOptions& opt) {
+      executor_->run(p.plan->plan, buf, opt);
+      if (p.options->factor != 1.0) scale(buf, p.plan->extent, p.options->dtype, p.options->factor);
+    });
+    if (buf != to.data) std::memcpy(to.data, buf, e.in_bytes);
+    return dst;
+  }
+
+  // Runs e's plan without the GIL, its caller waiting (the executor polls); a mismatch raises as the executor's
+  // do (MismatchError), a transport failure as Python's failed() names it.
+  template <typename Run>
+  void run_planned(Entry& e, Run body) {
+    PlannedRun& p = *e.planned;
+    RunOptions opt = native_options(*p.options);
+    opt.bytes = static_cast<int64_t>(e.in_bytes);
+    try {
+      py::gil_scoped_release nogil;
+      executor_->caller_waits(true);
+      struct Waited {
+        Executor* ex;
+        ~Waited() { ex->caller_waits(false); }
+      } waited{executor_};
+      body(opt);
+    } catch (const TransportError& error) {
+      raise_named(error, [&](py::object raised) { return p.failed(raised); });
+    }
+  }
+
+  // A transport failure as the Python error name(raised) returns (RankFailure keeps its ranks).
+  template <typename Name>
+  [[noreturn]] static void raise_named(const TransportError& error, Name name) {
+    const auto errors = py::module_::import("ddl.errors");
+    const auto* failure = dynamic_cast<const RankFailure*>(&error);
+    py::object raised = failure ? errors.attr("RankFailure")(failure->what(), failure->ranks)
+                                : errors.attr("TransportError")(error.what());
+    py::object named = name(raised);
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(named.ptr())), named.ptr());
+    throw py::error_already_set();
+  }
+
   // A job of one rank: every collective's result is the input (an average over one rank included).
   static py::object alone(const Entry& e, const View& in, const View& to, py::object dst) {
     if (to.data != in.data) std::memmove(to.data, in.data, e.in_bytes);
@@ -306,20 +426,16 @@ class ShortCalls {
       py::gil_scoped_release nogil;
       agreed = collective();
     } catch (const TransportError& error) {  // (RankFailure among them)
-      const auto errors = py::module_::import("ddl.errors");
-      const auto* failure = dynamic_cast<const RankFailure*>(&error);
-      py::object raised = failure ? errors.attr("RankFailure")(failure->what(), failure->ranks)
-                                  : errors.attr("TransportError")(error.what());
-      py::object named = on_failure_(raised, label);
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(named.ptr())), named.ptr());
-      throw py::error_already_set();
+      raise_named(error, [&](py::object raised) { return on_failure_(raised, label); });
     }
     if (!agreed) on_mismatch_(label);  // (raises)
     return agreed;
   }
 
   py::object owner_;  // the HostMemory's Python object: the segment stays mapped while this table lives
-  HostMemory* host_;  // null: one rank
+  HostMemory* host_;  // null: one rank, or ranks across hosts (executor_)
+  py::object executor_owner_;
+  Executor* executor_;  // null: the host level, or one rank
   py::object on_mismatch_, on_failure_;
   std::unordered_map<Key, EntryPtr, KeyHash> table_;
   EntryPtr last_;
@@ -334,9 +450,16 @@ void bind_short_calls(py::module_& m) {
                          "None (not known here: Python's path) or, for an allgather of uneven rows, (every rank's "
                          "length in bytes, the call's text, its hash). Ranks that called differently: "
                          "on_mismatch(text), which raises; a transport failure: on_failure(error, text) is raised.")
-      .def(py::init<py::object, py::object, py::object>(), py::arg("host"), py::arg("on_mismatch"),
-           py::arg("on_failure"),
-           "host: the communicator's HostMemory, or None in a job of one rank (every collective a copy).")
+      .def(py::init<py::object, py::object, py::object, py::object>(), py::arg("host"), py::arg("on_mismatch"),
+           py::arg("on_failure"), py::arg("executor") = py::none(),
+           "host: the communicator's HostMemory, or None in a job of one rank (every collective a copy) or across "
+           "hosts (executor: the communicator's Executor, which runs the calls learnt by learn_planned_*).")
+      .def("learn_planned_broadcast", &ShortCalls::learn_planned_broadcast, py::arg("dtype"), py::arg("shape"),
+           py::arg("root"), py::arg("plan"), py::arg("options"), py::arg("failed"),
+           "A checked broadcast: later calls run `plan` with `options`; failed(error) names a transport failure.")
+      .def("learn_planned_allreduce", &ShortCalls::learn_planned_allreduce, py::arg("dtype"), py::arg("shape"),
+           py::arg("op"), py::arg("plan"), py::arg("options"), py::arg("failed"),
+           "An allreduce checked on receipt (options without a header) or riding in the agreement round (with one).")
       .def("learn_broadcast", &ShortCalls::learn_broadcast, py::arg("dtype"), py::arg("shape"), py::arg("root"),
            py::arg("call"))
       .def("learn_allgather", &ShortCalls::learn_allgather, py::arg("dtype"), py::arg("shape"), py::arg("gathered"),

@@ -237,6 +237,52 @@ def test_a_run_of_broadcasts_checked_on_receipt_is_right():
             np.testing.assert_array_equal(b, np.full(10_000, (k % 3) * 10 + k))
 
 
+def test_known_calls_across_hosts_run_natively_and_equal_numpy(monkeypatch):
+    """After its first call, a known checked broadcast (new result, another out, in place), an allreduce that
+    rides (avg) and a checked one (sum into out) run from ddl._native.ShortCalls: Python's short forms are
+    never taken, and the results are numpy's. A rank that then calls another op makes every rank raise
+    MismatchError naming both calls, and the next calls are right."""
+    from ddl.core.paths.planned import Planned
+    from ddl.core.paths.riding import Riding
+
+    cs = comms(3)
+
+    def body(c, k):
+        x = np.arange(6, dtype=np.float32).reshape(2, 3) + c.rank + k
+        y = x.copy()
+        c.broadcast(y, root=2, out=y)
+        big, into = np.full(20_000, c.rank + k, np.float64), np.empty(20_000)
+        c.allreduce(big, "sum", out=into)
+        return c.broadcast(x, root=1), c.broadcast(x, root=0, out=np.empty_like(x)), y, c.allreduce(x, "avg"), into
+
+    def expect(got, k):
+        x = np.arange(6, dtype=np.float32).reshape(2, 3) + k
+        for one in got:
+            for value, want in zip(one, (x + 1, x, x + 2, x + 1, np.full(20_000, 3.0 * k + 3))):
+                np.testing.assert_array_equal(value, want)
+
+    expect(run_ok(cs, lambda c: body(c, 0)), 0)  # Python's long path, which teaches the table
+    assert [len(c._native) for c in cs] == [5] * 3  # three broadcasts (their roots), two allreduces
+
+    def python(*args):
+        raise AssertionError("a known call took Python's short form")
+
+    monkeypatch.setattr(Planned, "again", python)
+    monkeypatch.setattr(Riding, "again", python)
+    for k in (1, 2):
+        expect(run_ok(cs, lambda c: body(c, k)), k)
+
+    def other_op(c):
+        try:
+            c.allreduce(np.ones((2, 3), np.float32), "max" if c.rank == 2 else "avg")
+        except MismatchError as e:
+            return str(e)
+
+    said = run_ok(cs, other_op)
+    assert all(text and "op=avg" in text and "op=max" in text for text in said), said
+    expect(run_ok(cs, lambda c: body(c, 3)), 3)
+
+
 def test_a_rank_that_goes_away_is_named_before_the_deadline():
     transports = connected(2)
     survivor = Communicator(_native.Executor.tcp(transports[0]), 0, 2, replace(BASE, timeout=60.0))

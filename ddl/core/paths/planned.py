@@ -27,7 +27,8 @@ from ...planner.per_level import broadcast_program, chain_program
 from ...schedule.alltoall import pairwise_exchange
 from ...schedule.compile import CompiledPipeline, compile_blocks
 from ...errors import DDLError
-from ..calls import broadcast_buffer, copy_in, deliver, gather_counts, gathered_into, into, work_buffer
+from ..calls import broadcast_buffer, deliver, gather_counts, gathered_into, into, work_buffer
+from .. import plan_check
 from ..diagnostics import check_against_mpi
 from ..dtypes import raw
 
@@ -46,6 +47,7 @@ CHECKED_UP_TO = 1 << 20  # over TCP, calls up to this size are checked on receip
 class Planned:
     name = "planned"
     serves = frozenset(("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "alltoall"))
+    repeats = frozenset(("allreduce", "broadcast", "reduce_scatter"))  # checked calls (repeatable): by ``again``
 
     def __init__(self, comm):
         self.comm = comm
@@ -70,8 +72,39 @@ class Planned:
             call.problem is None and (comm.options.check is None or collective != "allreduce") and \
             not a.dtype.hasobject and 0 < a.nbytes <= CHECKED_UP_TO
 
+    def repeatable(self, call) -> bool:
+        """Whether later calls of this (valid, known) signature may take ``again``: a checked one's plan and
+        options are the same every time (worked out once, in its Known's ``kept``); one after an agreement
+        round is described each time."""
+        return self.checked(call)
+
     def run(self, call):
         return getattr(self, "_" + call.collective)(call)
+
+    def teach(self, call) -> None:
+        """A checked broadcast or allreduce is run natively from its next call on (ddl._native.ShortCalls),
+        but for the allreduces the plan check times (from MIN_BYTES)."""
+        kept = call.known.kept.get("checked")
+        if kept is not None and call.collective in ("broadcast", "allreduce") and \
+                (call.collective == "broadcast" or call.array.nbytes < plan_check.MIN_BYTES):
+            self.comm.teach_planned(call.collective, call, *kept)
+
+    def again(self, known, array: np.ndarray, out):
+        """A known checked call of a plain C-contiguous array (``out``: None or one that fits): the long path's
+        steps without describing the call or building its plan and options again. Python's part of a small
+        call is most of its CPU (an 8 B broadcast on T1: about 36 us described, against the run's 8)."""
+        if known.collective == "broadcast":
+            return self._broadcast_checked(known, array, out)
+        if known.collective == "allreduce":
+            return self._allreduce_checked(known, array, out)
+        return self._reduce_scatter_checked(known, array, out)
+
+    def _kept(self, known, build):
+        """(plan, options) of a known checked call, worked out on its first call."""
+        kept = known.kept.get("checked")
+        if kept is None:
+            kept = known.kept["checked"] = build()
+        return kept
 
     def _options(self, text: str, dtype=_BYTE, op=_SUM, factor: float = 1.0, checked: bool = False):
         """``checked``: the call's hash goes with its messages, compared on receipt (no agreement round)."""
@@ -87,10 +120,7 @@ class Planned:
     def _allreduce(self, call) -> np.ndarray:
         comm, k, a, out = self.comm, call.known, call.array, call.out
         if self.checked(call):
-            with comm.lock, comm.plan_check.timed(a.nbytes):
-                work = np.array(a, order="C").reshape(-1)  # (a copy: delivered once every rank has agreed)
-                self.allreduce(work, k.dtype, k.op, k.text, k.factor, checked=True)
-            return deliver(work.reshape(a.shape), out, False)
+            return self._allreduce_checked(k, a, out)
         check = comm.options.check
         original = a.copy() if check is not None else a
         with comm.lock:
@@ -104,6 +134,16 @@ class Planned:
                 check_against_mpi(comm.mpi_comm, comm.rank, comm.size, check, original, work, call.op, k.text)
         return deliver(work.reshape(a.shape), out, direct)
 
+    def _allreduce_checked(self, k, a: np.ndarray, out) -> np.ndarray:
+        comm = self.comm
+        work = np.array(a, order="C").reshape(-1)  # (a copy: delivered once every rank has agreed)
+        if work.size:
+            plan, options = self._kept(k, lambda: (comm.allreduce_plan(work.size, work.itemsize),
+                                                   self._options(k.text, k.dtype, k.op, k.factor, True)))
+            with comm.lock, comm.plan_check.timed(a.nbytes):
+                comm.execute(plan, raw(work), options)
+        return deliver(work.reshape(a.shape), out, False)
+
     def allreduce(self, flat: np.ndarray, dtype, op, text: str, factor: float = 1.0, checked: bool = False) -> None:
         """ddl's own allreduce of a contiguous 1-D buffer, in place, with no agreement round (the caller holds
         ``lock`` and has agreed, or ``checked``: the check rides in the run's messages)."""
@@ -113,21 +153,30 @@ class Planned:
 
     def _broadcast(self, call) -> np.ndarray:
         comm, a, out = self.comm, call.array, call.out
-        checked = self.checked(call)
-        if checked:  # into a buffer of its own, delivered once the call is known to be the others'
-            result, direct = np.empty(a.shape, a.dtype), False
-            if comm.rank == call.root:
-                copy_in(result, a)
-        else:
-            result, direct = broadcast_buffer(call, comm.rank)
+        if self.checked(call):
+            return self._broadcast_checked(call.known, a, out)
+        result, direct = broadcast_buffer(call, comm.rank)
         data = result.reshape(-1).view(np.uint8) if not a.dtype.hasobject else np.empty(0, np.uint8)
         with comm.lock:
-            if not checked:
-                comm.agree(call.text, call.problem)
-            plan = comm.plans.get(("broadcast", data.size, call.root), lambda: self._broadcast_plan(data.size,
-                                                                                                   call.root))
-            comm.execute(plan, data, self._options(call.text, checked=checked))
+            comm.agree(call.text, call.problem)
+            comm.execute(self._broadcast_plan_of(data.size, call.root), data, self._options(call.text))
         return deliver(result, out, direct)
+
+    def _broadcast_checked(self, k, a: np.ndarray, out) -> np.ndarray:
+        """Into a buffer of its own, delivered once the call is known to be the others'."""
+        comm = self.comm
+        result = np.empty(a.shape, a.dtype)
+        if comm.rank == k.root:
+            np.copyto(result, a)
+        data = result.reshape(-1).view(np.uint8)
+        plan, options = self._kept(k, lambda: (self._broadcast_plan_of(data.size, k.root),
+                                               self._options(k.text, checked=True)))
+        with comm.lock:
+            comm.execute(plan, data, options)
+        return deliver(result, out, False)
+
+    def _broadcast_plan_of(self, nbytes: int, root: int) -> CompiledPipeline:
+        return self.comm.plans.get(("broadcast", nbytes, root), lambda: self._broadcast_plan(nbytes, root))
 
     def _broadcast_plan(self, nbytes: int, root: int) -> CompiledPipeline:
         """A large broadcast is a pipelined chain through the subtrees (every link carries the data once each
@@ -174,17 +223,30 @@ class Planned:
 
     def _reduce_scatter(self, call) -> np.ndarray:
         comm, k, a, out = self.comm, call.known, call.array, call.out
-        checked = self.checked(call)
-        # (checked: into a part of its own, delivered once every rank has agreed)
-        dst, direct = (np.empty(k.shape, a.dtype), False) if checked else into(np.empty(k.shape, a.dtype), call)
-        row = math.prod(a.shape[1:]) if a.ndim else 0
+        if self.checked(call):
+            return self._reduce_scatter_checked(k, a, out)
+        dst, direct = into(np.empty(k.shape, a.dtype), call)
         with comm.lock:
-            if not checked:
-                comm.agree(k.text, call.problem)  # (slow links carry only this rank's share, reduced below them)
-            self.parts("reduce_scatter", [n * row for n in k.rows], a.dtype.itemsize,
-                       raw(np.ascontiguousarray(a)).reshape(-1), raw(dst).reshape(-1),
-                       self._options(k.text, k.dtype, k.op, k.factor, checked))
+            comm.agree(k.text, call.problem)  # (slow links carry only this rank's share, reduced below them)
+            self.parts("reduce_scatter", self._counts(k, a), a.dtype.itemsize,
+                       raw(np.ascontiguousarray(a)).reshape(-1), raw(dst).reshape(-1), self._options(k.text, k.dtype,
+                                                                                                    k.op, k.factor))
         return deliver(dst, out, direct)
+
+    def _reduce_scatter_checked(self, k, a: np.ndarray, out) -> np.ndarray:
+        """Into a part of its own, delivered once every rank has agreed."""
+        dst = np.empty(k.shape, a.dtype)
+        _, options = self._kept(k, lambda: (None, self._options(k.text, k.dtype, k.op, k.factor, True)))
+        with self.comm.lock:
+            self.parts("reduce_scatter", self._counts(k, a), a.dtype.itemsize, raw(np.ascontiguousarray(a)).reshape(-1),
+                       raw(dst).reshape(-1), options)
+        return deliver(dst, out, False)
+
+    @staticmethod
+    def _counts(k, a: np.ndarray) -> list[int]:
+        """A reduce-scatter's parts in elements, rank by rank."""
+        row = math.prod(a.shape[1:]) if a.ndim else 0
+        return [n * row for n in k.rows]
 
     def parts(self, half: str, counts: list[int], itemsize: int, src: np.ndarray, dst: np.ndarray, options) -> None:
         """A planned reduce-scatter (``src``: the whole flat input, ``dst``: this rank's part) or allgather
