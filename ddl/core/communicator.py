@@ -295,18 +295,24 @@ class Communicator(Planning, Submitting):
             failures.write_flight_recorder(self.rank, failure, self.options.dbg_level >= 1)
         return failure
 
-    def teach_planned(self, collective: str, call, plan: CompiledPipeline, options) -> None:
-        """ddl._native.ShortCalls learns a known broadcast or allreduce's planned run (its plan and options, the
-        same every time): later calls of its signature are found and run natively (across hosts)."""
+    def teach_planned(self, call, plan: CompiledPipeline, options, ride=None) -> None:
+        """ddl._native.ShortCalls learns a known call's planned run (its plan and options, the same every time):
+        later calls of its signature are found and run natively (across hosts). A broadcast or an allreduce
+        runs on the call's arrays; an allgather or a reduce-scatter rides with ``ride``: (its Ride's buffer, the
+        input's pieces in it as (buffer byte, input byte, bytes), where the answer lies, disagreed(array, out):
+        the answer where the round did not agree, None where that is a mismatch)."""
         if self._native is None:
             return
-        a, label = call.array, options.label
+        a, k, label = call.array, call.known, options.label
         failed = _weakly(self.run_failure)
         named = lambda e: failed(e, plan, label)  # noqa: E731 (the table holds it: no reference to self)
-        if collective == "broadcast":
+        if call.collective == "broadcast":
             self._native.learn_planned_broadcast(a.dtype, a.shape, call.root, plan.native, options, named)
-        else:
+        elif call.collective == "allreduce":
             self._native.learn_planned_allreduce(a.dtype, a.shape, call.op, plan.native, options, named)
+        else:
+            op = call.op if call.collective == "reduce_scatter" else None
+            self._native.learn_ride(a.dtype, a.shape, op, k.shape, plan.native, options, *ride[:3], named, ride[3])
 
     def _slowest(self, seconds: float) -> float:
         """The largest of every rank's ``seconds`` (the plan check's windows: a check, so MPI's own allreduce,

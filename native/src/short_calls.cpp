@@ -72,13 +72,20 @@ struct PlannedRun {
   const PyPlan* plan = nullptr;
   const PyRunOptions* options = nullptr;
   std::vector<char> own;  // a checked run's buffer of its own: out is written once the ranks' calls agreed
+  // a ride with a layout of its own (an allgather's parts, a reduce-scatter's whole): the Ride's buffer (held),
+  // where the input's pieces go in it (buffer byte, input byte, bytes), where the answer lies, and Python's
+  // answer where the round did not agree (None: ranks called differently, on_mismatch raises)
+  py::object buffer_object, disagreed;
+  char* buffer = nullptr;
+  std::vector<std::array<size_t, 3>> pieces;
+  size_t answer_at = 0;
 };
 
 struct Entry {
   py::object dtype;  // keeps the key's dtype object alive
   Kind kind;
   Shape result;      // the output's shape
-  size_t in_bytes = 0;
+  size_t in_bytes = 0, out_bytes = 0;
   HostCall call;     // broadcast, allgather
   HostAllreduce allreduce{};
   HostReduceScatter reduce_scatter{};
@@ -154,6 +161,27 @@ class ShortCalls {
     if (op_name(op, &name) && planned(&e, std::move(plan), std::move(options), std::move(failed)))
       remember(key(dtype, Kind::allreduce, shape, 0, name), std::move(e));
   }
+  // A known allgather (op None) or reduce-scatter riding in the agreement round with its layout (see PlannedRun):
+  // later calls put their pieces into `buffer`, run the round on it and copy the answer out.
+  void learn_ride(py::object dtype, const Shape& shape, py::handle op, const Shape& result, py::object plan,
+                  py::object options, py::array buffer, const std::vector<std::array<size_t, 3>>& pieces,
+                  size_t answer_at, py::object failed, py::object disagreed) {
+    std::array<char, 16> name{};
+    const Kind kind = op.is_none() ? Kind::allgather : Kind::reduce_scatter;
+    if (kind == Kind::reduce_scatter && !op_name(op, &name)) return;
+    Entry e = entry(dtype, kind, shape, result);
+    const auto bytes = static_cast<size_t>(buffer.nbytes());
+    if (!(buffer.flags() & kContiguous) || !buffer.writeable() || answer_at + e.out_bytes > bytes) return;
+    for (const auto& [at, from, n] : pieces)
+      if (at + n > bytes || from + n > e.in_bytes) return;
+    if (!planned(&e, std::move(plan), std::move(options), std::move(failed), bytes) || !e.planned->options->header)
+      return;
+    PlannedRun& p = *e.planned;
+    p.buffer = static_cast<char*>(buffer.mutable_data());
+    p.buffer_object = std::move(buffer), p.pieces = pieces, p.answer_at = answer_at;
+    p.disagreed = std::move(disagreed);
+    remember(key(dtype, kind, shape, 0, name), std::move(e));
+  }
 
   void learn_broadcast(py::object dtype, const Shape& shape, int root, const HostCall& call) {
     if (executor_) return;  // (across hosts: planned runs only)
@@ -221,6 +249,7 @@ class ShortCalls {
     const auto e = find(array, Kind::allgather, 0, {}, &in);
     py::object dst = e ? output(*e, out, &to) : py::object();
     if (!dst) return py::none();
+    if (e->planned) return ride(*e, in, to, dst, array, out);
     if (!host_) return alone(*e, in, to, dst);
     std::vector<int64_t> lengths;
     bool equal = false;
@@ -250,6 +279,7 @@ class ShortCalls {
     py::object dst;
     const auto e = reduction(array, Kind::reduce_scatter, op, out, &in, &to, &dst);
     if (!e) return py::none();
+    if (e->planned) return ride(*e, in, to, dst, array, out);
     if (!host_) return alone(*e, in, to, dst);
     HostReduceScatter& p = e->reduce_scatter;
     return run(*e, dst, [&] {
@@ -280,8 +310,9 @@ class ShortCalls {
   static Entry entry(const py::object& dtype, Kind kind, const Shape& in, const Shape& result) {
     Entry e;
     e.dtype = dtype, e.kind = kind, e.result = result;
-    e.in_bytes = static_cast<size_t>(py::dtype(dtype).itemsize());
+    e.in_bytes = e.out_bytes = static_cast<size_t>(py::dtype(dtype).itemsize());
     for (auto n : in) e.in_bytes *= static_cast<size_t>(n);
+    for (auto n : result) e.out_bytes *= static_cast<size_t>(n);
     return e;
   }
 
@@ -326,13 +357,14 @@ class ShortCalls {
     return py::reinterpret_borrow<py::object>(out);
   }
 
-  // e's planned run, if the plan moves exactly the call's bytes (else Python's path, always).
-  bool planned(Entry* e, py::object plan, py::object options, py::object failed) {
+  // e's planned run, if the plan moves exactly `bytes` (default: the call's input; else Python's path, always).
+  bool planned(Entry* e, py::object plan, py::object options, py::object failed, size_t bytes = 0) {
     if (!executor_) return false;
     auto p = std::make_shared<PlannedRun>();
     p->plan = &plan.cast<const PyPlan&>();
     p->options = &options.cast<const PyRunOptions&>();
-    if (p->options->group || static_cast<size_t>(p->plan->extent) * dtype_size(p->options->dtype) != e->in_bytes)
+    if (p->options->group ||
+        static_cast<size_t>(p->plan->extent) * dtype_size(p->options->dtype) != (bytes ? bytes : e->in_bytes))
       return false;
     p->plan_object = std::move(plan), p->options_object = std::move(options), p->failed = std::move(failed);
     if (!p->options->header) p->own.resize(e->in_bytes);
@@ -372,6 +404,27 @@ class ShortCalls {
       if (p.options->factor != 1.0) scale(buf, p.plan->extent, p.options->dtype, p.options->factor);
     });
     if (buf != to.data) std::memcpy(to.data, buf, e.in_bytes);
+    return dst;
+  }
+
+  // A ride with its layout: the pieces in, the round on the buffer (written only where every rank agreed), the
+  // answer out; where the round did not agree, Python's answer (or on_mismatch raises).
+  py::object ride(Entry& e, const View& in, const View& to, py::object dst, py::handle array, py::handle out) {
+    PlannedRun& p = *e.planned;
+    for (const auto& [at, from, n] : p.pieces) std::memcpy(p.buffer + at, in.data + from, n);
+    const size_t bytes = static_cast<size_t>(p.plan->extent) * dtype_size(p.options->dtype);
+    bool agreed = false;
+    run_planned(e, [&](RunOptions& opt) {
+      agreed = executor_->run_small(p.plan->plan, p.buffer, p.buffer, bytes, p.options->factor, opt);
+    });
+    if (!agreed) {
+      if (p.disagreed.is_none()) {
+        on_mismatch_(p.options->label);  // (raises)
+        return py::none();
+      }
+      return p.disagreed(array, out);
+    }
+    std::memcpy(to.data, p.buffer + p.answer_at, e.out_bytes);
     return dst;
   }
 
@@ -460,6 +513,12 @@ void bind_short_calls(py::module_& m) {
       .def("learn_planned_allreduce", &ShortCalls::learn_planned_allreduce, py::arg("dtype"), py::arg("shape"),
            py::arg("op"), py::arg("plan"), py::arg("options"), py::arg("failed"),
            "An allreduce checked on receipt (options without a header) or riding in the agreement round (with one).")
+      .def("learn_ride", &ShortCalls::learn_ride, py::arg("dtype"), py::arg("shape"), py::arg("op"),
+           py::arg("result"), py::arg("plan"), py::arg("options"), py::arg("buffer"), py::arg("pieces"),
+           py::arg("answer_at"), py::arg("failed"), py::arg("disagreed"),
+           "An allgather (op None) or reduce-scatter riding in the agreement round: the input's pieces (buffer "
+           "byte, input byte, bytes) go into `buffer`, the round runs on it, the answer is `result`'s bytes from "
+           "answer_at. disagreed(array, out): Python's answer where the round did not agree (None: on_mismatch).")
       .def("learn_broadcast", &ShortCalls::learn_broadcast, py::arg("dtype"), py::arg("shape"), py::arg("root"),
            py::arg("call"))
       .def("learn_allgather", &ShortCalls::learn_allgather, py::arg("dtype"), py::arg("shape"), py::arg("gathered"),

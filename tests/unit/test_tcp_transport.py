@@ -239,13 +239,14 @@ def test_a_run_of_broadcasts_checked_on_receipt_is_right():
 
 def test_known_calls_across_hosts_run_natively_and_equal_numpy(monkeypatch):
     """After its first call, a known checked broadcast (new result, another out, in place), an allreduce that
-    rides (avg) and a checked one (sum into out) run from ddl._native.ShortCalls: Python's short forms are
-    never taken, and the results are numpy's. A rank that then calls another op makes every rank raise
+    rides (avg) and a checked one (sum into out), an allgather and a reduce-scatter (uneven parts) that ride
+    run from ddl._native.ShortCalls: Python's short forms are never taken, and the results are numpy's. An
+    allgather whose rows turn out uneven is still right; a rank that calls another op makes every rank raise
     MismatchError naming both calls, and the next calls are right."""
     from ddl.core.paths.planned import Planned
     from ddl.core.paths.riding import Riding
 
-    cs = comms(3)
+    cs = comms(3, hierarchy=[[0, 1], [2]])
 
     def body(c, k):
         x = np.arange(6, dtype=np.float32).reshape(2, 3) + c.rank + k
@@ -253,16 +254,21 @@ def test_known_calls_across_hosts_run_natively_and_equal_numpy(monkeypatch):
         c.broadcast(y, root=2, out=y)
         big, into = np.full(20_000, c.rank + k, np.float64), np.empty(20_000)
         c.allreduce(big, "sum", out=into)
-        return c.broadcast(x, root=1), c.broadcast(x, root=0, out=np.empty_like(x)), y, c.allreduce(x, "avg"), into
+        whole = np.arange(20, dtype=np.float64).reshape(10, 2) * (c.rank + 1) + k
+        return (c.broadcast(x, root=1), c.broadcast(x, root=0, out=np.empty_like(x)), y, c.allreduce(x, "avg"),
+                into, c.allgather(x), c.reduce_scatter(whole, "sum"))
 
     def expect(got, k):
         x = np.arange(6, dtype=np.float32).reshape(2, 3) + k
-        for one in got:
-            for value, want in zip(one, (x + 1, x, x + 2, x + 1, np.full(20_000, 3.0 * k + 3))):
+        reduced = np.arange(20, dtype=np.float64).reshape(10, 2) * 6 + 3 * k
+        for rank, one in enumerate(got):
+            for value, want in zip(one, (x + 1, x, x + 2, x + 1, np.full(20_000, 3.0 * k + 3),
+                                         np.concatenate([x, x + 1, x + 2]), np.array_split(reduced, 3)[rank])):
                 np.testing.assert_array_equal(value, want)
 
     expect(run_ok(cs, lambda c: body(c, 0)), 0)  # Python's long path, which teaches the table
-    assert [len(c._native) for c in cs] == [5] * 3  # three broadcasts (their roots), two allreduces
+    # three broadcasts (their roots), two allreduces, an allgather, a reduce-scatter
+    assert [len(c._native) for c in cs] == [7] * 3
 
     def python(*args):
         raise AssertionError("a known call took Python's short form")
@@ -281,6 +287,9 @@ def test_known_calls_across_hosts_run_natively_and_equal_numpy(monkeypatch):
     said = run_ok(cs, other_op)
     assert all(text and "op=avg" in text and "op=max" in text for text in said), said
     expect(run_ok(cs, lambda c: body(c, 3)), 3)
+    rows = run_ok(cs, lambda c: c.allgather(np.full((2 + (c.rank == 1), 3), c.rank, np.float32)))
+    for got in rows:  # (ranks 0 and 2 ran the known round natively; rank 1's rows made it disagree)
+        np.testing.assert_array_equal(got, np.repeat(np.arange(3, dtype=np.float32), [2, 3, 2])[:, None] * [1, 1, 1])
 
 
 def test_a_rank_that_goes_away_is_named_before_the_deadline():

@@ -87,7 +87,7 @@ class Planned:
         kept = call.known.kept.get("checked")
         if kept is not None and call.collective in ("broadcast", "allreduce") and \
                 (call.collective == "broadcast" or call.array.nbytes < plan_check.MIN_BYTES):
-            self.comm.teach_planned(call.collective, call, *kept)
+            self.comm.teach_planned(call, *kept)
 
     def again(self, known, array: np.ndarray, out):
         """A known checked call of a plain C-contiguous array (``out``: None or one that fits): the long path's

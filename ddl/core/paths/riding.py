@@ -14,6 +14,7 @@ their Ride (ddl.core.rides).
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -108,10 +109,26 @@ class Riding:
         return getattr(self, "_" + call.collective)(call)
 
     def teach(self, call) -> None:
-        """A known allreduce's round is run natively from its next call on (ddl._native.ShortCalls)."""
-        fused = call.known.kept.get("fused")
-        if fused is not None and call.collective == "allreduce":
-            self.comm.teach_planned("allreduce", call, *fused)
+        """A known allreduce's, allgather's or reduce-scatter's round is run natively from its next call on
+        (ddl._native.ShortCalls; an allgather's where the round's order of ranks is rank order)."""
+        k, collective = call.known, call.collective
+        if collective == "allreduce" and "fused" in k.kept:
+            self.comm.teach_planned(call, *k.kept["fused"])
+            return
+        ride = k.kept.get("ride")
+        if ride is None or collective not in ("allgather", "reduce_scatter") or \
+                collective == "allgather" and self._rank_order() is not None or \
+                collective == "reduce_scatter" and call.key[3][1] is not None:  # (row counts given: not native)
+            return
+        a, buffer = call.array, ride.buffer
+        at = lambda view: view.__array_interface__["data"][0] - buffer.__array_interface__["data"][0]  # noqa: E731
+        if collective == "allgather":
+            pieces, disagreed = [(at(ride.mine), 0, a.nbytes)], _uneven_rows(self, ride)
+        else:
+            size = a.dtype.itemsize
+            pieces = [(b * size, i * size, n * size) for b, i, n in ride.runs] or [(0, 0, a.nbytes)]
+            disagreed = None  # (a reduce-scatter's round that does not agree is a mismatch)
+        self.comm.teach_planned(call, ride.plan, ride.options, (buffer, pieces, at(ride.answer), disagreed))
 
     def again(self, known, array: np.ndarray, out):
         if known.collective == "allreduce":
@@ -245,8 +262,12 @@ class Riding:
                     np.copyto(result.reshape(answer.shape), answer[order])
             if agreed:
                 return result
-            # Not agreed: ranks called differently (raised here), or this allgather with uneven rows, whose
-            # planned allgather follows now that every rank's count is known.
+            return self._disagreed(ride, a, out)
+
+    def _disagreed(self, ride: rides.Ride, a: np.ndarray, out) -> np.ndarray:
+        """An allgather's round that did not agree: ranks called differently (raised here), or rows were uneven,
+        whose planned allgather follows now that every rank's count is known."""
+        with self.comm.lock:
             rows = self.agreement.report_mismatch(ride.text, a.shape[0])
             mine = a.reshape(-1).view(np.uint8)
             return self.planned.gather_rows(a, mine, rows, a.dtype.itemsize * math.prod(a.shape[1:]), ride.text, out)
@@ -268,3 +289,14 @@ class Riding:
             else:
                 self._run_ride(ride, a)
             return answer_into(ride.answer, out)
+
+
+def _uneven_rows(riding: Riding, ride: rides.Ride):
+    """The native allgather's answer where its round did not agree (Riding._disagreed), holding the path weakly:
+    the communicator's native table keeps it."""
+    ref = weakref.ref(riding)
+
+    def disagreed(a: np.ndarray, out) -> np.ndarray:
+        return gathered_into(ref()._disagreed(ride, a, out), out, ref().comm.rank)
+
+    return disagreed
