@@ -434,7 +434,7 @@ class ShortCalls {
   void run_planned(Entry& e, Run body) {
     PlannedRun& p = *e.planned;
     RunOptions opt = native_options(*p.options);
-    opt.bytes = static_cast<int64_t>(e.in_bytes);
+    opt.bytes = p.plan->extent * static_cast<int64_t>(dtype_size(p.options->dtype));  // (a ride: the whole round)
     try {
       py::gil_scoped_release nogil;
       executor_->caller_waits(true);
