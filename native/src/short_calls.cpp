@@ -1,7 +1,7 @@
 // A communicator's short paths on the host memory level (or in a job of one rank), each found and run in one
 // native call; across hosts (ddl's TCP), the known calls whose plan and options are the same every time (a
-// broadcast or an allreduce checked on receipt, an allreduce riding in the agreement round), run on the
-// executor the same way.
+// broadcast or an allreduce checked on receipt; an allreduce, an allgather or a reduce-scatter riding in the
+// agreement round), run on the executor the same way.
 //
 // Python checks a call the first time it sees its signature (its refusals and their messages live there) and
 // then teaches this table the signature: the dtype object (held here, so its address cannot come back as another
@@ -412,10 +412,10 @@ class ShortCalls {
   py::object ride(Entry& e, const View& in, const View& to, py::object dst, py::handle array, py::handle out) {
     PlannedRun& p = *e.planned;
     for (const auto& [at, from, n] : p.pieces) std::memcpy(p.buffer + at, in.data + from, n);
-    const size_t bytes = static_cast<size_t>(p.plan->extent) * dtype_size(p.options->dtype);
     bool agreed = false;
-    run_planned(e, [&](RunOptions& opt) {
-      agreed = executor_->run_small(p.plan->plan, p.buffer, p.buffer, bytes, p.options->factor, opt);
+    run_planned(e, [&](RunOptions& opt) {  // (opt.bytes: the whole round's)
+      agreed = executor_->run_small(p.plan->plan, p.buffer, p.buffer, static_cast<size_t>(opt.bytes),
+                                    p.options->factor, opt);
     });
     if (!agreed) {
       if (p.disagreed.is_none()) {

@@ -144,12 +144,12 @@ class Planned:
                 comm.execute(plan, raw(work), options)
         return deliver(work.reshape(a.shape), out, False)
 
-    def allreduce(self, flat: np.ndarray, dtype, op, text: str, factor: float = 1.0, checked: bool = False) -> None:
+    def allreduce(self, flat: np.ndarray, dtype, op, text: str, factor: float = 1.0) -> None:
         """ddl's own allreduce of a contiguous 1-D buffer, in place, with no agreement round (the caller holds
-        ``lock`` and has agreed, or ``checked``: the check rides in the run's messages)."""
+        ``lock`` and has agreed)."""
         if flat.size:
             self.comm.execute(self.comm.allreduce_plan(flat.size, flat.itemsize), raw(flat),
-                              self._options(text, dtype, op, factor, checked))
+                              self._options(text, dtype, op, factor))
 
     def _broadcast(self, call) -> np.ndarray:
         comm, a, out = self.comm, call.array, call.out
