@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from ..topology import LevelCost, default_level
 from ..topology.tree import depth, nested, normalize
 from .model import (LEVEL_ALGORITHMS, MAX_BLOCK_BYTES, MAX_BLOCKS, MIN_BLOCK_BYTES, MOST_BLOCKS, TCP_BLOCK_BYTES,
-                    TCP_PIPELINE, TOP_ALGORITHMS,
+                    TCP_PIPELINE, TCP_SHRINK_PER_LEVEL, TOP_ALGORITHMS,
                     Phase, Shape, latency_phases, link_seconds, phases, pipelined)
 
 
@@ -87,7 +87,7 @@ def choose(tree, levels, nbytes: int, forced: tuple[str, ...] = (), block_bytes:
            inflight: int | None = None, tcp: bool = False) -> Plan:
     """The cheapest plan for ``nbytes`` on this tree; ``forced`` names algorithms (one for every level, or
     one per level innermost first, "auto" to let the model pick; "recursive_doubling" alone forces the
-    latency shape); ``tcp``: the ranks talk over ddl's own TCP (blocks of TCP_BLOCK_BYTES across a network).
+    latency shape); ``tcp``: the ranks talk over ddl's own TCP (larger blocks across a network: tcp_block_bytes).
     Deterministic: every rank computes the same plan."""
     shape = Shape.of(tree)
     levels = tuple(levels)
@@ -116,7 +116,7 @@ def choose(tree, levels, nbytes: int, forced: tuple[str, ...] = (), block_bytes:
     algos = tuple(picks)
     ph = phases(shape, levels, algos, nbytes)
     busy = link_seconds(shape, levels, ph)
-    blocks = best_blocks(ph, busy, nbytes, block_bytes, any(lv.via == "uplink" for lv in levels), tcp)
+    blocks = best_blocks(ph, busy, nbytes, block_bytes, sum(lv.via == "uplink" for lv in levels), tcp)
     hier = pipelined(ph, blocks, busy)
     if set(forced) == {"auto"} and shape.depth > 1 and pipelined(latency_phases(shape, levels, nbytes), 1) < hier:
         return Plan(tree, levels, ("recursive_doubling",) * shape.depth, "latency", max(1, nbytes), 1)
@@ -132,17 +132,17 @@ def _level_cost(shape, levels, lvl, algo, nbytes) -> float:
     return sum(p.seconds for p in phases(shape, levels, algos, nbytes) if p.level == lvl)
 
 
-def best_blocks(ph: list[Phase], busy: list[float], nbytes: int, block_bytes: int | None, network: bool,
+def best_blocks(ph: list[Phase], busy: list[float], nbytes: int, block_bytes: int | None, network: int,
                 tcp: bool = False) -> int:
     """How many pipeline blocks the phases ``ph`` of ``nbytes`` run in: ``block_bytes`` where forced; across a
-    network and large, blocks of MAX_BLOCK_BYTES (over ddl's TCP: TCP_BLOCK_BYTES); else the cheapest power of
-    two by ``pipelined``, none smaller than MIN_BLOCK_BYTES (over ddl's TCP across a network: TCP_BLOCK_BYTES,
-    or what makes TCP_PIPELINE blocks of a smaller buffer)."""
+    network (``network``: how many levels cross one) and large, blocks of MAX_BLOCK_BYTES (over ddl's TCP:
+    tcp_block_bytes); else the cheapest power of two by ``pipelined``, none smaller than MIN_BLOCK_BYTES (over
+    ddl's TCP across a network: tcp_block_bytes, or what makes TCP_PIPELINE blocks of a smaller buffer)."""
     if block_bytes:
         return max(1, -(-nbytes // block_bytes))
-    largest = TCP_BLOCK_BYTES if network and tcp else MAX_BLOCK_BYTES
-    # over ddl's TCP, blocks of TCP_BLOCK_BYTES where the buffer still makes a pipeline of TCP_PIPELINE of them
-    smallest = max(MIN_BLOCK_BYTES, min(TCP_BLOCK_BYTES, nbytes // TCP_PIPELINE)) if network and tcp \
+    largest = tcp_block_bytes(network) if network and tcp else MAX_BLOCK_BYTES
+    # over ddl's TCP, blocks of that size where the buffer still makes a pipeline of TCP_PIPELINE of them
+    smallest = max(MIN_BLOCK_BYTES, min(largest, nbytes // TCP_PIPELINE)) if network and tcp \
         else MIN_BLOCK_BYTES
     if network and nbytes > MAX_BLOCKS * largest:
         return min(MOST_BLOCKS, -(-nbytes // largest))
@@ -154,6 +154,12 @@ def best_blocks(ph: list[Phase], busy: list[float], nbytes: int, block_bytes: in
             best, blocks = t, b
         b *= 2
     return blocks
+
+
+def tcp_block_bytes(network_levels: int) -> int:
+    """Over ddl's TCP, the blocks of a large buffer across ``network_levels`` levels of network (model.py)."""
+    shrink = TCP_SHRINK_PER_LEVEL ** max(0, network_levels - 1)
+    return max(MIN_BLOCK_BYTES, TCP_BLOCK_BYTES // shrink)
 
 
 def _names(levels) -> str:

@@ -384,6 +384,11 @@ def test_blocks_across_a_network_are_larger_over_tcp():
         assert planner.choose(tree, net, nbytes).block_bytes <= planner.MAX_BLOCK_BYTES
         over_tcp = planner.choose(tree, net, nbytes, tcp=True).block_bytes
         assert planner.TCP_BLOCK_BYTES <= over_tcp < 2 * planner.TCP_BLOCK_BYTES
+    # T2's shape: racks, then their spine; a pipeline through more network stages takes a quarter the blocks
+    racks = normalize([[[0, 1], [2, 3]], [[4, 5], [6, 7]]])
+    two = net + (LevelCost("spine", "veth", 62e-6, 6.25e7, 2.5e-10, "uplink"),)
+    for nbytes in (16 << 20, 64 << 20):
+        assert planner.choose(racks, two, nbytes, tcp=True).block_bytes == planner.TCP_BLOCK_BYTES // 4
     one_host = (LevelCost("node", "shm", 3e-6, 4e9, 2.5e-10, "peer"),)
     assert planner.choose(normalize([0, 1, 2, 3]), one_host, 26 << 20, tcp=True) == \
         planner.choose(normalize([0, 1, 2, 3]), one_host, 26 << 20)
