@@ -43,11 +43,14 @@ def main() -> int:
     for nbytes in sizes:
         for _ in range(args.repeats):
             for runner in runners:
-                # Small sizes: the first calls after another algorithm ran are slow (caches, TCP windows, the
-                # scheduler), so warm up well and time many calls; large ones: the checked call is warm-up enough.
+                # The first calls after another algorithm ran are slow (caches, the scheduler, and TCP windows:
+                # a connection idle longer than its retransmission timeout starts slow again, Linux's
+                # tcp_slow_start_after_idle), so small sizes warm up well and time many calls; large ones take one
+                # call right before the timed ones (the checked call's numpy check can leave that gap: a T2
+                # 16 MiB allreduce read 290 ms warm and up to 345 ms a second after idle, for every library alike).
                 small = nbytes < 1 << 20
                 rec = measure(runner, comm, nbytes // 4, f32, "sum", max(args.iters, 50 if small else 0),
-                              10 if small else 0, True, args.min_seconds,
+                              10 if small else 1, True, args.min_seconds,
                               places=(False,))
                 runs[runner.algo].setdefault(nbytes, []).append(rec["out_us"])
                 if rec["out_wrong"]:
