@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from ..topology import LevelCost, default_level
 from ..topology.tree import depth, nested, normalize
 from .model import (LEVEL_ALGORITHMS, MAX_BLOCK_BYTES, MAX_BLOCKS, MIN_BLOCK_BYTES, MOST_BLOCKS, TCP_BLOCK_BYTES,
-                    TCP_PIPELINE, TCP_SHRINK_PER_LEVEL, TOP_ALGORITHMS,
+                    TCP_DEEPER_SHRINK, TCP_PIPELINE, TOP_ALGORITHMS,
                     Phase, Shape, latency_phases, link_seconds, phases, pipelined)
 
 
@@ -158,8 +158,9 @@ def best_blocks(ph: list[Phase], busy: list[float], nbytes: int, block_bytes: in
 
 def tcp_block_bytes(network_levels: int) -> int:
     """Over ddl's TCP, the blocks of a large buffer across ``network_levels`` levels of network (model.py)."""
-    shrink = TCP_SHRINK_PER_LEVEL ** max(0, network_levels - 1)
-    return max(MIN_BLOCK_BYTES, TCP_BLOCK_BYTES // shrink)
+    if network_levels <= 1:
+        return TCP_BLOCK_BYTES
+    return max(MIN_BLOCK_BYTES, TCP_BLOCK_BYTES // TCP_DEEPER_SHRINK)
 
 
 def _names(levels) -> str:

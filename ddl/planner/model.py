@@ -25,11 +25,12 @@ MAX_BLOCK_BYTES = 128 << 10
 TCP_BLOCK_BYTES = 512 << 10
 # ... that is across one network level; a tree with more (racks, then their spine) fills a pipeline of more
 # network stages, each block's trip through them before the busiest link runs full: its blocks are a quarter as
-# large per level more (never under MIN_BLOCK_BYTES). 16 MiB on the emulated T2 (2 racks, 500 Mbit/s spine): blocks
-# of 128 KiB took 291-300 ms (0.90-0.92 of the bound) against 302-328 ms in 512 KiB ones; 64 MiB 1152 against
-# 1197-1296 ms, for 5-10 % more CPU. On T1 128 KiB blocks cost 25 % more CPU and ran 13-55 % slower (8 ranks on
-# 2 cores: the CPU ran out).
-TCP_SHRINK_PER_LEVEL = 4
+# large (never under MIN_BLOCK_BYTES). 16 MiB on the emulated T2 (2 racks, 500 Mbit/s spine): blocks of 128 KiB
+# took 291-300 ms (0.90-0.92 of the bound) against 302-328 ms in 512 KiB ones; 64 MiB 1152 against 1197-1296 ms,
+# for 5-10 % more CPU. On T1 128 KiB blocks cost 25 % more CPU and ran 13-55 % slower (8 ranks on 2 cores: the CPU
+# ran out). No smaller for a third network level: on T5 (aisles, racks, nodes; 16 MiB) 64 KiB blocks took
+# 566-800 ms for 20-27 % more CPU, 128 KiB 581-597, 512 KiB 589-595.
+TCP_DEEPER_SHRINK = 4
 # ... but a smaller buffer keeps a pipeline of this many blocks (smaller ones, not under MIN_BLOCK_BYTES): 4 MiB
 # on two racks of 200/100 Mbit/s in 8 blocks of 512 KiB ran at 84 % of the bound, its fill over three stages.
 TCP_PIPELINE = 32

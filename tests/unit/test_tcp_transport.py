@@ -389,6 +389,11 @@ def test_blocks_across_a_network_are_larger_over_tcp():
     two = net + (LevelCost("spine", "veth", 62e-6, 6.25e7, 2.5e-10, "uplink"),)
     for nbytes in (16 << 20, 64 << 20):
         assert planner.choose(racks, two, nbytes, tcp=True).block_bytes == planner.TCP_BLOCK_BYTES // 4
+    # T5's shape (one rank a node: racks, aisles, their spine, three network levels): no smaller than T2's
+    three = (LevelCost("rack", "veth", 62e-6, 1.25e8, 2.5e-10, "uplink"),
+             LevelCost("aisle", "veth", 62e-6, 6.25e7, 2.5e-10, "uplink"),
+             LevelCost("spine", "veth", 62e-6, 3.125e7, 2.5e-10, "uplink"))
+    assert planner.choose(racks, three, 16 << 20, tcp=True).block_bytes == planner.TCP_BLOCK_BYTES // 4
     one_host = (LevelCost("node", "shm", 3e-6, 4e9, 2.5e-10, "peer"),)
     assert planner.choose(normalize([0, 1, 2, 3]), one_host, 26 << 20, tcp=True) == \
         planner.choose(normalize([0, 1, 2, 3]), one_host, 26 << 20)
