@@ -300,7 +300,8 @@ class Communicator(Planning, Submitting):
         later calls of its signature are found and run natively (across hosts). A broadcast or an allreduce
         runs on the call's arrays; an allgather or a reduce-scatter rides with ``ride``: (its Ride's buffer, the
         input's pieces in it as (buffer byte, input byte, bytes), where the answer lies, disagreed(array, out):
-        the answer where the round did not agree, None where that is a mismatch)."""
+        the answer where the round did not agree, None where that is a mismatch[, the answer's pieces in the
+        buffer as (buffer byte, output byte, bytes)]); a checked allgather likewise, on a buffer of its own."""
         if self._native is None:
             return
         a, k, label = call.array, call.known, options.label
@@ -312,7 +313,8 @@ class Communicator(Planning, Submitting):
             self._native.learn_planned_allreduce(a.dtype, a.shape, call.op, plan.native, options, named)
         else:
             op = call.op if call.collective == "reduce_scatter" else None
-            self._native.learn_ride(a.dtype, a.shape, op, k.shape, plan.native, options, *ride[:3], named, ride[3])
+            self._native.learn_ride(a.dtype, a.shape, op, k.shape, plan.native, options, *ride[:3], named, ride[3],
+                                    *ride[4:])
 
     def _slowest(self, seconds: float) -> float:
         """The largest of every rank's ``seconds`` (the plan check's windows: a check, so MPI's own allreduce,
@@ -413,7 +415,11 @@ class Communicator(Planning, Submitting):
         ``out`` (C-contiguous, of the gathered shape and the dtype) the result is written there; in place when
         this rank's rows of ``out`` are ``array`` itself."""
         if self._native is not None and self._worker is None:
-            got = self._native.allgather(array, out)
+            try:
+                got = self._native.allgather(array, out)
+            except MismatchError as e:  # (a run checked on receipt: where only row counts differed, gathered)
+                return self.road.named("planned").after_mismatch(e, self._calls.allgather(array, out).text, array,
+                                                                 out)
             if type(got) is np.ndarray:
                 return got
             if got is not None:  # the rows were uneven: (every rank's length, the call's text and hash)

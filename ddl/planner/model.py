@@ -171,6 +171,20 @@ def phases(shape: Shape, levels, algorithms, nbytes: float) -> list[Phase]:
     return rs + [last] + ag
 
 
+def allgather_phases(shape: Shape, levels, algorithms, nbytes: float) -> list[Phase]:
+    """A planned allgather of ``nbytes`` in all (ddl.core.parts: every level gathers, the outermost first, with
+    ``algorithms`` per level, innermost first): each level moves what a reduce-scatter there would, the top
+    included (no allreduce in the middle), and reduces nothing."""
+    out = []
+    for lvl in reversed(range(shape.depth)):
+        c, g, algo = levels[lvl], max(shape.sizes[lvl]), algorithms[lvl]
+        r = max(level_rounds(algo, h) for h in shape.sizes[lvl])
+        lat = r * c.alpha + ((g - 1 - r) * links.SOFTWARE_OVERHEAD if algo == "direct" else 0)
+        sent = (g - 1) / g * nbytes
+        out.append(Phase(lvl, "allgather", algo, r, lat + sent / c.bandwidth, lat, sent))
+    return out
+
+
 def latency_round_levels(shape: Shape) -> list[int]:
     """The level each round of recursive doubling over all ranks in tree order crosses (the fold rounds of a
     non-power of two included): the round pairing ranks within blocks of k consecutive ranks crosses the

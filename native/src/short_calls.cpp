@@ -79,6 +79,7 @@ struct PlannedRun {
   char* buffer = nullptr;
   std::vector<std::array<size_t, 3>> pieces;
   size_t answer_at = 0;
+  std::vector<std::array<size_t, 3>> answer_pieces;  // or the answer's pieces (buffer byte, output byte, bytes)
 };
 
 struct Entry {
@@ -161,11 +162,13 @@ class ShortCalls {
     if (op_name(op, &name) && planned(&e, std::move(plan), std::move(options), std::move(failed)))
       remember(key(dtype, Kind::allreduce, shape, 0, name), std::move(e));
   }
-  // A known allgather (op None) or reduce-scatter riding in the agreement round with its layout (see PlannedRun):
-  // later calls put their pieces into `buffer`, run the round on it and copy the answer out.
+  // A known allgather (op None) or reduce-scatter riding in the agreement round with its layout (see PlannedRun),
+  // or an allgather's plan checked on receipt (options without a header) on a buffer of its own laid out alike:
+  // later calls put their pieces into `buffer`, run the round or the plan on it and copy the answer out.
   void learn_ride(py::object dtype, const Shape& shape, py::handle op, const Shape& result, py::object plan,
                   py::object options, py::array buffer, const std::vector<std::array<size_t, 3>>& pieces,
-                  size_t answer_at, py::object failed, py::object disagreed) {
+                  size_t answer_at, py::object failed, py::object disagreed,
+                  const std::vector<std::array<size_t, 3>>& answer_pieces) {
     std::array<char, 16> name{};
     const Kind kind = op.is_none() ? Kind::allgather : Kind::reduce_scatter;
     if (kind == Kind::reduce_scatter && !op_name(op, &name)) return;
@@ -174,11 +177,19 @@ class ShortCalls {
     if (!(buffer.flags() & kContiguous) || !buffer.writeable() || answer_at + e.out_bytes > bytes) return;
     for (const auto& [at, from, n] : pieces)
       if (at + n > bytes || from + n > e.in_bytes) return;
-    if (!planned(&e, std::move(plan), std::move(options), std::move(failed), bytes) || !e.planned->options->header)
+    size_t answered = 0;
+    for (const auto& [at, to, n] : answer_pieces) {
+      if (at + n > bytes || to + n > e.out_bytes) return;
+      answered += n;
+    }
+    if (!answer_pieces.empty() && answered != e.out_bytes) return;
+    // (an allgather's run may be checked on receipt instead: no header, a mismatch raises in the run)
+    if (!planned(&e, std::move(plan), std::move(options), std::move(failed), bytes) ||
+        !(e.planned->options->header || kind == Kind::allgather))
       return;
     PlannedRun& p = *e.planned;
     p.buffer = static_cast<char*>(buffer.mutable_data());
-    p.buffer_object = std::move(buffer), p.pieces = pieces, p.answer_at = answer_at;
+    p.buffer_object = std::move(buffer), p.pieces = pieces, p.answer_at = answer_at, p.answer_pieces = answer_pieces;
     p.disagreed = std::move(disagreed);
     remember(key(dtype, kind, shape, 0, name), std::move(e));
   }
@@ -414,6 +425,11 @@ class ShortCalls {
     for (const auto& [at, from, n] : p.pieces) std::memcpy(p.buffer + at, in.data + from, n);
     bool agreed = false;
     run_planned(e, [&](RunOptions& opt) {  // (opt.bytes: the whole round's)
+      if (!p.options->header) {  // checked on receipt: it raises where calls differ
+        executor_->run(p.plan->plan, p.buffer, opt);
+        agreed = true;
+        return;
+      }
       agreed = executor_->run_small(p.plan->plan, p.buffer, p.buffer, static_cast<size_t>(opt.bytes),
                                     p.options->factor, opt);
     });
@@ -424,7 +440,10 @@ class ShortCalls {
       }
       return p.disagreed(array, out);
     }
-    std::memcpy(to.data, p.buffer + p.answer_at, e.out_bytes);
+    if (p.answer_pieces.empty())
+      std::memcpy(to.data, p.buffer + p.answer_at, e.out_bytes);
+    else
+      for (const auto& [at, into, n] : p.answer_pieces) std::memcpy(to.data + into, p.buffer + at, n);
     return dst;
   }
 
@@ -516,9 +535,12 @@ void bind_short_calls(py::module_& m) {
       .def("learn_ride", &ShortCalls::learn_ride, py::arg("dtype"), py::arg("shape"), py::arg("op"),
            py::arg("result"), py::arg("plan"), py::arg("options"), py::arg("buffer"), py::arg("pieces"),
            py::arg("answer_at"), py::arg("failed"), py::arg("disagreed"),
-           "An allgather (op None) or reduce-scatter riding in the agreement round: the input's pieces (buffer "
-           "byte, input byte, bytes) go into `buffer`, the round runs on it, the answer is `result`'s bytes from "
-           "answer_at. disagreed(array, out): Python's answer where the round did not agree (None: on_mismatch).")
+           py::arg("answer_pieces") = std::vector<std::array<size_t, 3>>{},
+           "An allgather (op None) or reduce-scatter riding in the agreement round, or an allgather checked on "
+           "receipt (options without a header): the input's pieces (buffer byte, input byte, bytes) go into "
+           "`buffer`, the round or plan runs on it, the answer is `result`'s bytes from answer_at, or answer_pieces "
+           "(buffer byte, output byte, bytes) where given. disagreed(array, out): Python's answer where the round "
+           "did not agree (None: on_mismatch).")
       .def("learn_broadcast", &ShortCalls::learn_broadcast, py::arg("dtype"), py::arg("shape"), py::arg("root"),
            py::arg("call"))
       .def("learn_allgather", &ShortCalls::learn_allgather, py::arg("dtype"), py::arg("shape"), py::arg("gathered"),

@@ -42,6 +42,7 @@ constexpr uint64_t kTagMask = (uint64_t{1} << kTagBits) - 1, kCheckMask = (uint6
                    kRunMask = (uint64_t{1} << kRunBits) - 1;
 constexpr int64_t kNoticeTag = static_cast<int64_t>(kTagMask), kAbortTag = kNoticeTag - 1,
                   kOverTag = kNoticeTag - 2;  // starting over: its run field is the epoch
+constexpr int64_t kRaisedIn = int64_t{1} << 62;  // a start-over's last run is one its sender raised in
 constexpr size_t kNoticeBytes = 256;  // a notice: the call's hash and (the start of) its text
 // Runs checked on receipt (see the header): one in kRunAhead waits for the previous rank's notice (as deep as
 // the host memory level's run-ahead); a run that waits kAskAfter sends its notice to every rank. On the emulated
@@ -605,7 +606,11 @@ void TcpTransport::begin_run(int64_t check, const std::string& label, double tim
     if (run <= run_ && missed.empty()) missed = what + " (a call this rank had finished; raised at its next)";
     if (run > run_ && why.empty()) why = what;  // (this very call, which others have begun and raised in)
   }
-  const bool others = !over_.empty() && over_.rbegin()->first.first > epoch_;
+  // Others started over: this run starts over too, unless every one of them finished it (they raised in a later
+  // call, which starts over when this rank begins it: this run's messages are all theirs).
+  bool others = false;
+  for (auto o = over_.upper_bound({epoch_, size_}); o != over_.end() && !others; ++o)
+    others = unfinished(o->second, run_ + 1);
   if (start_over_ || others || !missed.empty()) {
     const bool raise = !start_over_;
     const std::string said = !missed.empty() ? missed : !why.empty() ? why :
@@ -668,11 +673,14 @@ bool TcpTransport::keep(int p, int64_t tag, const std::vector<char>& data) {
   const int64_t local = tag & static_cast<int64_t>(kTagMask);
   if (local == kOverTag) {  // a rank starts over after a mismatch: one this rank may not have seen yet
     const int64_t epoch = static_cast<int64_t>((static_cast<uint64_t>(tag) >> (kTagBits + kCheckBits)) & kRunMask);
-    int64_t last = 0;
-    std::memcpy(&last, data.data(), std::min(sizeof last, data.size()));
-    over_[{epoch_ + static_cast<int64_t>((static_cast<uint64_t>(epoch - epoch_)) & (kRunMask >> 1)), p}] = last;
-    if (data.size() > sizeof last && told_.empty()) told_.assign(data.begin() + sizeof last, data.end());
-    if (in_run_ && mismatch_.empty()) mismatch_ = "rank " + std::to_string(rank_) + ": " + told_;
+    int64_t said = 0;
+    std::memcpy(&said, data.data(), std::min(sizeof said, data.size()));
+    over_[{epoch_ + static_cast<int64_t>((static_cast<uint64_t>(epoch - epoch_)) & (kRunMask >> 1)), p}] = said;
+    if (data.size() > sizeof said && told_.empty()) told_.assign(data.begin() + sizeof said, data.end());
+    // The run this rank is in fails where p will not finish it: p raised in it or before it. (p may have finished
+    // it and raised in a later call, or at the start of its next: this run is whole, the later one starts over.)
+    if (in_run_ && mismatch_.empty() && unfinished(said, run_))
+      mismatch_ = "rank " + std::to_string(rank_) + ": " + told_;
     return false;
   }
   const int64_t run = run_of(tag);
@@ -809,11 +817,16 @@ void TcpTransport::abandon_run() {
   }
 }
 
+bool TcpTransport::unfinished(int64_t said, int64_t run) {
+  const int64_t last = said & ~kRaisedIn;
+  return last < run || (last == run && (said & kRaisedIn));
+}
+
 void TcpTransport::announce_over() {
   if (announced_ == epoch_ + 1) return;
   announced_ = epoch_ + 1;
-  const int64_t last = run_;
-  std::vector<char> said(sizeof last + told_.size());  // [its last run | what differed]
+  const int64_t last = run_ | (in_run_ ? kRaisedIn : 0);  // (in a run: this rank raised in it, else finished it)
+  std::vector<char> said(sizeof last + told_.size());  // [its last run, kRaisedIn | what differed]
   std::memcpy(said.data(), &last, sizeof last);
   std::memcpy(said.data() + sizeof last, told_.data(), told_.size());
   tell_others(wire(epoch_ + 1, 0, kOverTag), said);
@@ -847,7 +860,7 @@ void TcpTransport::start_over(double timeout_s) {
                              "ddl differently; did it stop calling collectives?");
       wait_events(kLongestEventWait);
     }
-    highest = std::max(highest, over_[{epoch_, q}]);
+    highest = std::max(highest, over_[{epoch_, q}] & ~kRaisedIn);
   }
   over_.erase(over_.begin(), over_.upper_bound({epoch_, size_}));
   run_ = dead_upto_ = highest;  // every run so far is behind every rank now: its messages are dropped where

@@ -224,6 +224,25 @@ def test_a_reduce_scatters_round_is_priced_halving_the_vector_between_hosts():
     assert planner.pipelined(ph, 1) < planner.pipelined(planner.agreement_phases(shape, (shm, net), n, True), 1)
 
 
+def test_a_planned_allgather_gathers_per_level_outermost_first_moving_what_a_reduce_scatter_would():
+    """4 hosts x 2 ranks, direct between hosts and a ring inside: one round across the network (the other two
+    messages posted in it at software cost) carrying 3/4 of the vector out of each host, then one inside carrying
+    half of it; nothing reduced; in closed form. A latency plan's allgather runs direct at every level."""
+    tree = normalize([[0, 1], [2, 3], [4, 5], [6, 7]])
+    shm = LevelCost("node", "shm", 3e-6, 4e9, 2.5e-10, "peer")
+    net = LevelCost("switch", "veth", 62e-6, 1.25e8, 2.5e-10, "uplink")
+    n, shape = 65536, planner.Shape.of(tree)
+    ph = planner.allgather_phases(shape, (shm, net), ("ring", "direct"), n)
+    assert [(p.level, p.rounds) for p in ph] == [(1, 1), (0, 1)] and all(p.compute == 0 for p in ph)
+    software = 2e-6  # (links.SOFTWARE_OVERHEAD, as test_flat_cost_formulas_closed_form has it)
+    across, inside = 62e-6 + 2 * software + 0.75 * n / 1.25e8, 3e-6 + 0.5 * n / 4e9
+    assert planner.pipelined(ph, 1) == pytest.approx(across + inside)
+    plan = planner.Plan(tree, (shm, net), ("ring", "direct"), "hierarchical", n, 1)
+    assert planner.predict_allgather(plan, n) == pytest.approx(across + inside)
+    latency = planner.Plan(tree, (shm, net), ("recursive_doubling",) * 2, "latency", n, 1)
+    assert planner.predict_allgather(latency, n) == pytest.approx(across + 3e-6 + 0.5 * n / 4e9)
+
+
 def test_pipelining_approaches_the_slowest_level():
     """Two levels of equal cost: pipelined blocks take about one level's time, not the sum of both."""
     tree = normalize([[0, 1], [2, 3]])

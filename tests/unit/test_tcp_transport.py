@@ -166,6 +166,62 @@ def test_a_checked_allreduce_beside_an_agreed_call_raises_on_every_rank():
             np.testing.assert_array_equal(g, np.full(N_CHECKED, 6.0))
 
 
+def test_checked_allgathers_whose_rows_differ_gather_as_agreed(monkeypatch):
+    """Over TCP an allgather of a few hundred KB is checked on receipt, its row count in the check: where ranks'
+    rows differ, every rank raises inside the run, learns every count and gathers them, whichever path its own
+    size took (checked; riding, with no rows; agreed, past CHECKED_UP_TO); the calls after it are right."""
+    from ddl.core.paths.planned import Planned
+
+    recovered = []
+    learn = Planned.after_mismatch
+    monkeypatch.setattr(Planned, "after_mismatch", lambda self, *a: recovered.append(self.comm.rank) or learn(self, *a))
+    cs, n = comms(4, hierarchy=[[0, 1], [2, 3]]), 5_000
+    assert "checked on receipt" in cs[0].explain(4 * 4 * 3 * n, "allgather").path
+    even, one_more, no_rows, past_checked = [n] * 4, [n, n, n + 1, n], [n, n, 0, n], [n, 30_000, n, n]
+    for rows in (even, even, one_more, one_more, one_more, even, no_rows, no_rows, past_checked, even, [0] * 4):
+        def body(c):
+            return c.allgather(np.arange(rows[c.rank] * 3, dtype=np.float32).reshape(-1, 3) + 1000 * c.rank)
+
+        want = np.concatenate([np.arange(rows[r] * 3, dtype=np.float32).reshape(-1, 3) + 1000 * r for r in range(4)])
+        recovered.clear()
+        for g in run_ok(cs, body):
+            np.testing.assert_array_equal(g, want)
+        assert sorted(recovered) == ([] if len(set(rows)) == 1 else [0, 1, 2, 3]), (rows, recovered)
+
+
+def test_a_rank_behind_finishes_the_call_the_others_finished_before_they_raised():
+    """Ranks 0 and 1 finish a broadcast, then call allreduces that differ and raise; rank 2, late to the
+    broadcast, still gets it whole (every message of it had come) and raises in its allreduce, the call where
+    the others did; then all go on together."""
+    cs, broadcast = comms(3), []
+
+    def body(c):
+        if c.rank == 2:
+            time.sleep(0.5)
+        got = c.broadcast(np.arange(1000, dtype=np.float32) if c.rank == 0 else np.zeros(1000, np.float32))
+        np.testing.assert_array_equal(got, np.arange(1000, dtype=np.float32))
+        broadcast.append(c.rank)
+        c.allreduce(np.ones(N_CHECKED + (c.rank == 1), np.float32))
+
+    _, errors = spawn_on(cs, body)
+    assert sorted(broadcast) == [0, 1, 2]
+    for r, e in enumerate(errors):
+        assert isinstance(e, MismatchError) and "allreduce(shape=" in str(e), (r, e)
+    for g in run_ok(cs, lambda c: c.allreduce(np.full(N_CHECKED, c.rank, np.float32))):
+        np.testing.assert_array_equal(g, np.full(N_CHECKED, 3.0))
+
+
+def test_a_checked_allgather_beside_another_call_raises_on_every_rank():
+    """Rows per row that differ (another call, not uneven rows) raise on every rank, and the next call is right."""
+    cs, n = comms(4, hierarchy=[[0, 1], [2, 3]]), 5_000
+    _, errors = spawn_on(cs, lambda c: c.allgather(np.ones((n, 4 if c.rank == 3 else 3), np.float32)))
+    for r, e in enumerate(errors):
+        assert isinstance(e, MismatchError) and "allgather(shape=(*, 4)" in str(e) and \
+            "allgather(shape=(*, 3)" in str(e), (r, e)
+    for g in run_ok(cs, lambda c: c.allgather(np.full((n, 3), c.rank, np.float32))):
+        np.testing.assert_array_equal(g, np.repeat(np.arange(4, dtype=np.float32), n)[:, None] * np.ones(3))
+
+
 @pytest.mark.parametrize("n", [2, 20_000, N_CHECKED])  # 8 B, 80 and 400 KB: checked, not riding
 def test_broadcasts_checked_on_receipt_raise_on_every_rank_and_the_ranks_start_over_together(n):
     """A broadcast's rank may finish before another finds that it called differently (here rank 3 names

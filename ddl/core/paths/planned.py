@@ -26,7 +26,8 @@ from ... import _native
 from ...planner.per_level import broadcast_program, chain_program
 from ...schedule.alltoall import pairwise_exchange
 from ...schedule.compile import CompiledPipeline, compile_blocks
-from ...errors import DDLError
+from ...errors import DDLError, MismatchError
+from ..agreement import ROWS
 from ..calls import broadcast_buffer, deliver, gather_counts, gathered_into, into, work_buffer
 from .. import plan_check
 from ..diagnostics import check_against_mpi
@@ -47,7 +48,7 @@ CHECKED_UP_TO = 1 << 20  # over TCP, calls up to this size are checked on receip
 class Planned:
     name = "planned"
     serves = frozenset(("allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "alltoall"))
-    repeats = frozenset(("allreduce", "broadcast", "reduce_scatter"))  # checked calls (repeatable): by ``again``
+    repeats = frozenset(("allreduce", "broadcast", "reduce_scatter", "allgather"))  # checked calls: by ``again``
 
     def __init__(self, comm):
         self.comm = comm
@@ -62,12 +63,17 @@ class Planned:
         return "ddl's plan per level on the native executor, after an agreement round"
 
     def checked(self, call) -> bool:
-        """Whether this allreduce, reduce-scatter or broadcast is checked on receipt instead of agreed first
-        (ddl's TCP; a call with bytes: one with none sends nothing to check; an allreduce not under -check,
-        which compares with MPI). An allreduce or a reduce-scatter depends on every rank's data, so no rank
-        finishes one that another called differently; a broadcast's rank may, having heard from its parent only,
-        and raises in the call it is in by then or within the next RUN_AHEAD (TcpTransport)."""
+        """Whether this allreduce, reduce-scatter, allgather or broadcast is checked on receipt instead of agreed
+        first (ddl's TCP; a call with bytes: one with none sends nothing to check; an allreduce not under -check,
+        which compares with MPI; an allgather of a plain dtype, up to CHECKED_UP_TO gathered). An allreduce, a
+        reduce-scatter or an allgather depends on every rank's data, so no rank finishes one that another called
+        differently; a broadcast's rank may, having heard from its parent only, and raises in the call it is in by
+        then or within the next RUN_AHEAD (TcpTransport). An allgather's check covers its row count: uneven rows
+        make every rank raise there, then gather as agreed (``_allgather_checked``)."""
         comm, collective, a = self.comm, call.collective, call.array
+        if collective == "allgather":
+            return comm.over_tcp and call.problem is None and call.known.short and \
+                a.nbytes * comm.size <= CHECKED_UP_TO
         return collective in ("allreduce", "reduce_scatter", "broadcast") and comm.over_tcp and \
             call.problem is None and (comm.options.check is None or collective != "allreduce") and \
             not a.dtype.hasobject and 0 < a.nbytes <= CHECKED_UP_TO
@@ -83,11 +89,27 @@ class Planned:
 
     def teach(self, call) -> None:
         """A checked broadcast or allreduce is run natively from its next call on (ddl._native.ShortCalls),
-        but for the allreduces the plan check times (from MIN_BYTES)."""
+        but for the allreduces the plan check times (from MIN_BYTES); so is a checked allgather whose staged
+        buffer is its answer (one block, ranks in order: ShortCalls' ride, on a buffer of its own)."""
+        if call.collective == "allgather":
+            self._teach_allgather(call)
+            return
         kept = call.known.kept.get("checked")
         if kept is not None and call.collective in ("broadcast", "allreduce") and \
                 (call.collective == "broadcast" or call.array.nbytes < plan_check.MIN_BYTES):
             self.comm.teach_planned(call, *kept)
+
+    def _teach_allgather(self, call) -> None:
+        comm, a, kept = self.comm, call.array, call.known.kept.get("checked")
+        if kept is None:
+            return
+        n = a.nbytes
+        plan = comm.parts_plan("allgather", [n] * comm.size, 1)
+        if n and plan.nblocks == 1 and not plan.padded:  # every part whole, at its position: copied out in order
+            at = plan.positions
+            answer = [(at[r] * n, r * n, n) for r in range(comm.size)]
+            comm.teach_planned(call, plan.compiled, kept[1],
+                               (np.empty(plan.extent, np.uint8), [(at[comm.rank] * n, 0, n)], 0, None, answer))
 
     def again(self, known, array: np.ndarray, out):
         """A known checked call of a plain C-contiguous array (``out``: None or one that fits): the long path's
@@ -97,6 +119,8 @@ class Planned:
             return self._broadcast_checked(known, array, out)
         if known.collective == "allreduce":
             return self._allreduce_checked(known, array, out)
+        if known.collective == "allgather":
+            return self._allgather_checked(known, array, out)
         return self._reduce_scatter_checked(known, array, out)
 
     def _kept(self, known, build):
@@ -193,21 +217,61 @@ class Planned:
 
     def _allgather(self, call) -> np.ndarray:
         comm, a = self.comm, call.array
+        if self.checked(call):
+            return self._allgather_checked(call.known, a, call.out)
         rows, mine = gather_counts(call, comm.size, comm.rank)
         with comm.lock:
             # (where other ranks' rows made theirs a ride, whose round hashes the counts, the mismatch report
-            # brings every rank's count, to all alike)
-            if rows.nbytes <= comm.small_bytes:
-                counted = comm.agree(call.text, call.problem, rows, _native.DType.int64, _SUM,
-                                     rows=int(rows[comm.rank]))
-            else:
-                counted = comm.agree(call.text, call.problem, rows=int(rows[comm.rank]))
-                if counted is None:
-                    self.allreduce(rows, _native.DType.int64, _SUM, call.text)
+            # brings every rank's count, to all alike; where they made it a checked run, every rank raises in it)
+            try:
+                if rows.nbytes <= comm.small_bytes:
+                    counted = comm.agree(call.text, call.problem, rows, _native.DType.int64, _SUM,
+                                         rows=int(rows[comm.rank]))
+                else:
+                    counted = comm.agree(call.text, call.problem, rows=int(rows[comm.rank]))
+                    if counted is None:
+                        self.allreduce(rows, _native.DType.int64, _SUM, call.text)
+            except MismatchError as e:
+                if call.problem is not None:
+                    raise
+                return self.after_mismatch(e, call.text, a, call.out)
             rows = rows if counted is None else counted
             row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
             result = self.gather_rows(a, mine, rows, row_bytes, call.text, call.out)
         return gathered_into(result, call.out, comm.rank)
+
+    def _allgather_checked(self, k, a: np.ndarray, out) -> np.ndarray:
+        """Every rank's rows as many as this rank's, into a buffer of its own; the check covers the row count
+        (the ride's round does the same), so where counts differ every rank raises in this run (no rank finishes
+        an allgather without every rank's part), learns them all, and gathers them as agreed."""
+        comm = self.comm
+        mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        result = np.empty((a.shape[0] * comm.size,) + a.shape[1:], a.dtype)
+        _, options = self._kept(k, lambda: (None, self._options(f"{k.text} {ROWS}{a.shape[0]}", checked=True)))
+        try:
+            with comm.lock:
+                if mine.size:
+                    self.parts("allgather", [mine.size] * comm.size, 1, mine, result.reshape(-1).view(np.uint8),
+                               options)
+                else:  # no rows: a byte each, so that a rank whose rows differ hears of it (all none: an empty answer)
+                    self.parts("allgather", [1] * comm.size, 1, np.zeros(1, np.uint8), np.empty(comm.size, np.uint8),
+                               options)
+        except MismatchError as e:
+            return self.after_mismatch(e, k.text, a, out)
+        return gathered_into(result, out, comm.rank)
+
+    def after_mismatch(self, error: MismatchError, text: str, a: np.ndarray, out) -> np.ndarray:
+        """An allgather whose run raised ``error``: where it says only that row counts differ (a valid call;
+        every rank raised in that run, none can finish an allgather without every part), the ranks learn every
+        count and gather as agreed; otherwise it is raised."""
+        if not uneven_rows(str(error), text):
+            raise error
+        comm = self.comm
+        with comm.lock:
+            rows = comm.agreement.report_mismatch(text, a.shape[0])
+            mine = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+            result = self.gather_rows(a, mine, rows, a.dtype.itemsize * math.prod(a.shape[1:]), text)
+        return gathered_into(result, out, comm.rank)
 
     def gather_rows(self, a: np.ndarray, mine: np.ndarray, rows: np.ndarray, row_bytes: int, text: str,
                     out=None) -> np.ndarray:
@@ -307,3 +371,16 @@ class Planned:
             return compile_blocks(lambda _: program, count, max(count, 1), 1, "pairwise exchange")
 
         return comm.plans.get(("alltoall", sent_at, got_at), build)
+
+
+def uneven_rows(error: str, text: str) -> bool:
+    """Whether a checked allgather's MismatchError names two calls of this allgather (``text``, with a row count
+    or, an agreement round's, without) and none other: a valid call, gathered as agreed. (A rank that finished a call the
+    others raised for, told at its next, is not: "a call this rank had finished".)"""
+    said = error.partition("ranks called ddl differently: ")[2]
+    if not said or "this rank had finished" in error:
+        return False
+    calls = [part.partition(": ")[2] for part in said.split("; ranks ")]
+    calls[-1] = calls[-1].split(" (found by rank ")[0]
+    return len(calls) == 2 and all(c == text or c.startswith(f"{text} {ROWS}") and
+                                   c[len(text) + len(ROWS) + 1:].isdigit() for c in calls)

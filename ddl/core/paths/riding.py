@@ -19,7 +19,8 @@ import weakref
 import numpy as np
 
 from ... import _native
-from ...planner import Shape, agreement_phases, pipelined, predict
+from ...errors import MismatchError
+from ...planner import Shape, agreement_phases, pipelined, predict, predict_allgather
 from .. import rides
 from ..agreement import ROWS
 from ..calls import answer_into, broadcast_buffer, deliver, gather_counts, gathered_into, into
@@ -94,15 +95,19 @@ class Riding:
         # the round runs: across hosts once per host where it does (the whole payload through each host's
         # first rank, not through every rank's NIC share at once: priced that way, an allgather of 1 KiB a
         # rank on T1 took the planned path at 650 us where riding takes 170-190). A reduce-scatter's round halves
-        # the vector, a known allgather's doubles the parts; their planned paths run one half of the allreduce's
-        # plan (about half its time).
+        # the vector, a known allgather's doubles the parts; a reduce-scatter's planned path runs one half of
+        # the allreduce's plan (about half its time), an allgather's gathers per level (its own prediction).
+        # Over ddl's TCP a known allgather's planned path is checked on receipt, with no round; its messages per
+        # level cost about as much on the emulator's shared cores (T1/T2, 8 B-64 KiB, one job each: the ride
+        # 263-588 us, the checked plan 314-554, the round priced 130), so the round's price stays for it.
         shape = Shape.of(comm.tree)
         groups = self.agreement.groups
         by_host = groups is not None and len(groups) == shape.groups[0] and \
             {len(g) for g in groups} == set(shape.sizes[0])
         fused = pipelined(agreement_phases(shape, comm.levels, nbytes, by_host, payload), 1)
         agreement = pipelined(agreement_phases(shape, comm.levels, 0, by_host), 1)
-        planned = predict(plan, nbytes)[0] / (1 if payload == "whole" else 2)
+        planned = predict_allgather(plan, nbytes, shape) if payload == "gathering" else \
+            predict(plan, nbytes)[0] / (1 if payload == "whole" else 2)
         return fused <= planned + agreement
 
     def run(self, call):
@@ -254,12 +259,15 @@ class Riding:
         with comm.lock:
             np.copyto(ride.mine, a)
             order = self._rank_order()
-            if order is None:  # the round's order is rank order: the executor writes the answer, if agreed
-                agreed = comm.execute(ride.plan, ride.buffer, ride.options, raw(result))
-            else:
-                agreed = comm.execute(ride.plan, ride.buffer, ride.options)
-                if agreed:
-                    np.copyto(result.reshape(answer.shape), answer[order])
+            try:
+                if order is None:  # the round's order is rank order: the executor writes the answer, if agreed
+                    agreed = comm.execute(ride.plan, ride.buffer, ride.options, raw(result))
+                else:
+                    agreed = comm.execute(ride.plan, ride.buffer, ride.options)
+                    if agreed:
+                        np.copyto(result.reshape(answer.shape), answer[order])
+            except MismatchError as e:  # (others' rows made theirs a run checked on receipt: Planned.checked)
+                return self.planned.after_mismatch(e, ride.text, a, out)
             if agreed:
                 return result
             return self._disagreed(ride, a, out)

@@ -25,8 +25,10 @@
 // rank (an abort), and each raises CallMismatch in that run, or, having finished it (a broadcast's rank may),
 // in the run it is in or at its next. Of two calls whose plans differ, one waits for a message the other does
 // not send, or gets one it did not expect (each plan reaches every rank), so one of the first two ways always
-// fires. Then they start over: each one's next run first tells every rank its last run number and takes the
-// largest, so that a run one rank had begun and the others never will is read by nobody.
+// fires. Then they start over: each one's next run first tells every rank its last run number (and whether it
+// raised in that run or finished it) and takes the largest, so that a run one rank had begun and the others never
+// will is read by nobody. A rank behind, in a run or about to begin one that every rank that started over had
+// finished, finishes it first (they raised in a later call, where it starts over too).
 //
 // Waiting (idle): a run nobody waits for (rest > 0) blocks in epoll up to 1 ms, or rest where longer; a run its
 // caller waits for (rest 0) polls for 100 us after bytes last moved, then blocks the same way. While blocks wait
@@ -145,6 +147,9 @@ class TcpTransport final : public Transport {
   void foreign(int p, int64_t run);          // p sent a message of another call in `run`: tell p this rank's
   void start_over(double timeout_s);  // after a mismatch, with every rank: a first run number above all used
   void announce_over();  // tells every rank that this one starts over (once per epoch)
+  // whether a rank that started over after `said` (its last run, kRaisedIn where it raised in that one) leaves
+  // `run` unfinished: the ranks still in it, or about to begin it, start over instead
+  static bool unfinished(int64_t said, int64_t run);
   void tell_others(int64_t wire, const std::vector<char>& what);  // a message of the transport's own, to each peer
   void drop_runs_up_to(int64_t last);  // unexpected messages of runs up to `last`: read by none
   bool begin_body(int p);
@@ -181,6 +186,7 @@ class TcpTransport final : public Transport {
   int64_t epoch_ = 0, announced_ = 0;      // times the ranks started over; the epoch this rank last announced
   int64_t dead_upto_ = 0;                  // runs up to this one were abandoned when the ranks last started over
   std::map<std::pair<int64_t, int>, int64_t> over_;  // (epoch, rank) -> that rank's last run, as it started over
+                                                      // (with kRaisedIn where it raised in that run)
 };
 
 }  // namespace ddl
