@@ -1,8 +1,9 @@
 """The planned path: an agreement round with no payload, then ddl's own plan on the native executor — per level,
 innermost first, pipelined in blocks (the planner chooses, ddl.schedule compiles, the executor runs).
 
-Over ddl's own TCP connections an allreduce, a reduce-scatter or a broadcast up to CHECKED_UP_TO has no
-agreement round: its messages carry the run's number and its call's hash, which the ranks compare on receipt
+Over ddl's own TCP connections an allreduce, a reduce-scatter, an allgather (its row count in the hash) or a
+broadcast up to CHECKED_UP_TO has no agreement round: its messages carry the run's number and its call's hash,
+which the ranks compare on receipt
 (Transport::begin_run; ddl/_native's TcpTransport says how: no message of its own while calls agree), so a
 rank that called differently makes every rank raise MismatchError (a broadcast's rank that had finished, in the
 call it is in by then or within the next TcpTransport.RUN_AHEAD) and no message is read by another call. It

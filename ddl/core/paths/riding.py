@@ -30,6 +30,7 @@ _WORDS = _native.DType.int64
 _BYTES = _native.DType.uint8
 _SUM = _native.ReduceOp.sum
 _KEPT = 1024
+PLANNED_ALLGATHER_ROUNDS = 2.5  # a checked allgather's floor, in agreement rounds (Riding._fused)
 
 
 class Riding:
@@ -97,15 +98,19 @@ class Riding:
         # rank on T1 took the planned path at 650 us where riding takes 170-190). A reduce-scatter's round halves
         # the vector, a known allgather's doubles the parts; a reduce-scatter's planned path runs one half of
         # the allreduce's plan (about half its time), an allgather's gathers per level (its own prediction).
-        # Over ddl's TCP a known allgather's planned path is checked on receipt, with no round; its messages per
-        # level cost about as much on the emulator's shared cores (T1/T2, 8 B-64 KiB, one job each: the ride
-        # 263-588 us, the checked plan 314-554, the round priced 130), so the round's price stays for it.
+        # Over ddl's TCP a known allgather's planned path is checked on receipt, with no round, but its messages
+        # per level (every rank to every peer of a level) cost CPU on shared cores that no phase prices: T1/T2,
+        # one job each, the checked plan took 314-340 us from 8 B to 8 KiB (the round priced 130, the plan
+        # 69-226), the ride 263-332; from 32 KiB the plan won (T1 387 against 466, T2 410 against 571). So it is
+        # priced no lower than PLANNED_ALLGATHER_ROUNDS rounds.
         shape = Shape.of(comm.tree)
         groups = self.agreement.groups
         by_host = groups is not None and len(groups) == shape.groups[0] and \
             {len(g) for g in groups} == set(shape.sizes[0])
         fused = pipelined(agreement_phases(shape, comm.levels, nbytes, by_host, payload), 1)
         agreement = pipelined(agreement_phases(shape, comm.levels, 0, by_host), 1)
+        if payload == "gathering" and comm.over_tcp:
+            return fused <= max(predict_allgather(plan, nbytes, shape), PLANNED_ALLGATHER_ROUNDS * agreement)
         planned = predict_allgather(plan, nbytes, shape) if payload == "gathering" else \
             predict(plan, nbytes)[0] / (1 if payload == "whole" else 2)
         return fused <= planned + agreement
