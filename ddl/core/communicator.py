@@ -295,6 +295,16 @@ class Communicator(Planning, Submitting):
             failures.write_flight_recorder(self.rank, failure, self.options.dbg_level >= 1)
         return failure
 
+    def forget_allgathers(self, text: str) -> None:
+        """Known allgathers of ``text`` are forgotten (the native table forgets every allgather): their next calls
+        are described again and take the path their rows now call for."""
+        quick = self.road.quick
+        if quick is not None:
+            for key in [k for k, (_, known) in quick.items() if k[0] == "allgather" and known.text == text]:
+                del quick[key]
+        if self._native is not None:
+            self._native.forget_allgathers()
+
     def teach_planned(self, call, plan: CompiledPipeline, options, ride=None) -> None:
         """ddl._native.ShortCalls learns a known call's planned run (its plan and options, the same every time):
         later calls of its signature are found and run natively (across hosts). A broadcast or an allreduce

@@ -310,6 +310,12 @@ class ShortCalls {
   std::string last_text() const { return last_ ? last_->label() : std::string(); }
   size_t size() const { return table_.size(); }
 
+  // Forgets every allgather learnt: its next calls take Python's path (an allgather whose rows turned out uneven).
+  void forget_allgathers() {
+    for (auto it = table_.begin(); it != table_.end();)
+      it = it->second->kind == Kind::allgather ? table_.erase(it) : std::next(it);
+  }
+
  private:
   static Key key(const py::object& dtype, Kind kind, const Shape& shape, int64_t root, std::array<char, 16> op) {
     Key k;
@@ -555,6 +561,8 @@ void bind_short_calls(py::module_& m) {
       .def("reduce_scatter", &ShortCalls::reduce_scatter, py::arg("array"), py::arg("op"), py::arg("out"))
       .def("learn_barrier", &ShortCalls::learn_barrier, py::arg("call"))
       .def("barrier", &ShortCalls::barrier)
+      .def("forget_allgathers", &ShortCalls::forget_allgathers,
+           "Forgets every allgather learnt: its next calls take Python's path.")
       .def_property_readonly("last_text", &ShortCalls::last_text)
       .def("__len__", &ShortCalls::size);
 }

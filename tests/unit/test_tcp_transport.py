@@ -169,7 +169,8 @@ def test_a_checked_allreduce_beside_an_agreed_call_raises_on_every_rank():
 def test_checked_allgathers_whose_rows_differ_gather_as_agreed(monkeypatch):
     """Over TCP an allgather of a few hundred KB is checked on receipt, its row count in the check: where ranks'
     rows differ, every rank raises inside the run, learns every count and gathers them, whichever path its own
-    size took (checked; riding, with no rows; agreed, past CHECKED_UP_TO); the calls after it are right."""
+    size took (checked; riding, with no rows; agreed, past CHECKED_UP_TO). Its later calls, even or not, are
+    agreed first (no rank raises again) and right."""
     from ddl.core.paths.planned import Planned
 
     recovered = []
@@ -177,16 +178,20 @@ def test_checked_allgathers_whose_rows_differ_gather_as_agreed(monkeypatch):
     monkeypatch.setattr(Planned, "after_mismatch", lambda self, *a: recovered.append(self.comm.rank) or learn(self, *a))
     cs, n = comms(4, hierarchy=[[0, 1], [2, 3]]), 5_000
     assert "checked on receipt" in cs[0].explain(4 * 4 * 3 * n, "allgather").path
-    even, one_more, no_rows, past_checked = [n] * 4, [n, n, n + 1, n], [n, n, 0, n], [n, 30_000, n, n]
-    for rows in (even, even, one_more, one_more, one_more, even, no_rows, no_rows, past_checked, even, [0] * 4):
-        def body(c):
-            return c.allgather(np.arange(rows[c.rank] * 3, dtype=np.float32).reshape(-1, 3) + 1000 * c.rank)
+    even = [n] * 4
+    for cols, uneven in ((3, [n, n, n + 1, n]), (4, [n, n, 0, n]), (5, [n, 30_000, n, n]), (6, [0, 0, 0, n])):
+        for rows, recovering in ((even, False), (even, False), (uneven, True), (uneven, False), (even, False)):
+            def body(c):
+                return c.allgather(np.arange(rows[c.rank] * cols, dtype=np.float32).reshape(-1, cols) + 1e4 * c.rank)
 
-        want = np.concatenate([np.arange(rows[r] * 3, dtype=np.float32).reshape(-1, 3) + 1000 * r for r in range(4)])
-        recovered.clear()
-        for g in run_ok(cs, body):
-            np.testing.assert_array_equal(g, want)
-        assert sorted(recovered) == ([] if len(set(rows)) == 1 else [0, 1, 2, 3]), (rows, recovered)
+            want = np.concatenate([np.arange(rows[r] * cols, dtype=np.float32).reshape(-1, cols) + 1e4 * r
+                                   for r in range(4)])
+            recovered.clear()
+            for g in run_ok(cs, body):
+                np.testing.assert_array_equal(g, want)
+            assert sorted(recovered) == ([0, 1, 2, 3] if recovering else []), (cols, rows, recovered)
+    for g in run_ok(cs, lambda c: c.allgather(np.ones((0, 7), np.float32))):  # no rows anywhere: checked, empty
+        assert g.shape == (0, 7)
 
 
 def test_a_rank_behind_finishes_the_call_the_others_finished_before_they_raised():

@@ -54,6 +54,8 @@ class Riding:
         if collective == "allreduce":
             if call.problem or comm.options.check is not None or not self.rides(call.array.nbytes):
                 return None
+        elif collective == "allgather" and call.known.text in self.planned.uneven:  # (its counts go first)
+            return None
         elif collective == "broadcast" and self.planned.checked(call):  # (its tree, checked on receipt, lets
             return None                                                 # the root go on: shorter than the round)
         elif collective == "reduce_scatter":
@@ -118,6 +120,11 @@ class Riding:
     def run(self, call):
         return getattr(self, "_" + call.collective)(call)
 
+    def repeatable(self, call) -> bool:
+        """Whether later calls of this signature may take ``again``: not an allgather whose rows have differed
+        (Planned.rows_differed: its calls go to the planned path, agreed first)."""
+        return call.collective != "allgather" or call.known.text not in self.planned.uneven
+
     def teach(self, call) -> None:
         """A known allreduce's, allgather's or reduce-scatter's round is run natively from its next call on
         (ddl._native.ShortCalls; an allgather's where the round's order of ranks is rank order)."""
@@ -126,7 +133,7 @@ class Riding:
             self.comm.teach_planned(call, *k.kept["fused"])
             return
         ride = k.kept.get("ride")
-        if ride is None or collective not in ("allgather", "reduce_scatter") or \
+        if ride is None or collective not in ("allgather", "reduce_scatter") or not self.repeatable(call) or \
                 collective == "allgather" and self._rank_order() is not None or \
                 collective == "reduce_scatter" and call.key[3][1] is not None:  # (row counts given: not native)
             return
@@ -282,6 +289,7 @@ class Riding:
         whose planned allgather follows now that every rank's count is known."""
         with self.comm.lock:
             rows = self.agreement.report_mismatch(ride.text, a.shape[0])
+            self.planned.rows_differed(ride.text)
             mine = a.reshape(-1).view(np.uint8)
             return self.planned.gather_rows(a, mine, rows, a.dtype.itemsize * math.prod(a.shape[1:]), ride.text, out)
 
