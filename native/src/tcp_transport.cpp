@@ -33,9 +33,11 @@ constexpr int kMaxIov = 32;
 constexpr auto kLongestEventWait = std::chrono::milliseconds(1);
 // A run its caller waits for polls this long after bytes last moved before it blocks as well. On the emulated
 // T2 (8 ranks, 2 cores) a blocking 98 MiB allreduce took the same 1.70 s spinning throughout and blocking
-// after this, for 2.5 CPU-seconds over the ranks instead of 3.4; T1's 8 B-1 MiB calls: no difference beyond
-// the noise (0, 100 us, 1 ms and never).
-constexpr auto kSpinBeforeBlocking = std::chrono::microseconds(100);
+// after 100 us, for 2.5 CPU-seconds over the ranks instead of 3.4. Since small calls run natively, blocking
+// after 100 us cost them the wake-up: 400 us against 100, alternating in one job, an 8 B allreduce took 211
+// against 301 us on T1 (213 / 247 on T2), an 8 B allgather 224 / 305 (253 / 282), 8 KiB 274-304 / 318-345;
+// broadcasts no different; a 16 MiB allreduce on T2 the same 286 ms for 0.56 CPU-s over the ranks against 0.51.
+constexpr auto kSpinBeforeBlocking = std::chrono::microseconds(400);
 // A tag on the wire: [run | check | tag] (Transport::begin_run), the executor's tags below the top two.
 constexpr int kTagBits = 24, kCheckBits = 20, kRunBits = 20;
 constexpr uint64_t kTagMask = (uint64_t{1} << kTagBits) - 1, kCheckMask = (uint64_t{1} << kCheckBits) - 1,

@@ -31,7 +31,7 @@
 // finished, finishes it first (they raised in a later call, where it starts over too).
 //
 // Waiting (idle): a run nobody waits for (rest > 0) blocks in epoll up to 1 ms, or rest where longer; a run its
-// caller waits for (rest 0) polls for 100 us after bytes last moved, then blocks the same way. While blocks wait
+// caller waits for (rest 0) polls for 400 us after bytes last moved, then blocks the same way. While blocks wait
 // on their hooks (the GPU's staging), never longer than rest.
 //
 // Set-up is two-step, so that Python decides where to connect: the constructor listens; connect() gets every
