@@ -31,7 +31,7 @@ from ..topology import LevelCost, default_level
 from ..topology.tree import depth, nested, normalize
 from .model import (LEVEL_ALGORITHMS, MAX_BLOCK_BYTES, MAX_BLOCKS, MIN_BLOCK_BYTES, MOST_BLOCKS, TCP_BLOCK_BYTES,
                     TCP_DEEPER_SHRINK, TCP_PIPELINE, TOP_ALGORITHMS,
-                    Phase, Shape, allgather_phases, latency_phases, link_seconds, phases, pipelined)
+                    Phase, Shape, allgather_phases, latency_phases, link_seconds, phases, pipelined, scatter_choices)
 
 
 @dataclass(frozen=True)
@@ -179,12 +179,11 @@ def predict(plan: Plan, nbytes: int, shape: Shape | None = None) -> tuple[float,
 
 def predict_allgather(plan: Plan, nbytes: int, shape: Shape | None = None) -> float:
     """Seconds the model predicts for the planned allgather of ``nbytes`` in all that runs per level as ``plan``
-    would (ddl.planner.per_level.scatter_algorithms: the allreduce-only choices, and a latency plan's, direct),
-    in the plan's blocks."""
+    would (model.scatter_choices, as ddl.planner.per_level.scatter_algorithms picks them), in the plan's
+    blocks."""
     shape = shape or Shape.of(plan.tree)
-    algorithms = ("direct",) * shape.depth if plan.shape == "latency" or len(plan.algorithms) != shape.depth else \
-        tuple(a if a in ("ring", "rabenseifner", "direct") else "direct" for a in plan.algorithms)
-    ph = allgather_phases(shape, plan.levels, algorithms, nbytes)
+    ph = allgather_phases(shape, plan.levels, scatter_choices(shape.depth, plan.algorithms, plan.shape == "latency"),
+                          nbytes)
     return pipelined(ph, max(1, -(-nbytes // plan.block_bytes)), link_seconds(shape, plan.levels, ph))
 
 

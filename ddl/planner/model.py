@@ -147,10 +147,7 @@ def phases(shape: Shape, levels, algorithms, nbytes: float) -> list[Phase]:
         c, g, algo = levels[lvl], max(shape.sizes[lvl]), algorithms[lvl]
         m = nbytes / shape.under[lvl]  # bytes per rank entering this level
         if lvl < top:
-            r = max(level_rounds(algo, h) for h in shape.sizes[lvl])
-            extra = (g - 1 - r) if algo == "direct" else 0  # further messages posted in a direct round
-            lat = r * c.alpha + extra * links.SOFTWARE_OVERHEAD
-            sent = (g - 1) / g * nbytes
+            r, lat, sent = _scatter_level(shape, c, lvl, algo, nbytes)
             red = (g - 1) / g * m * c.gamma
             rs.append(Phase(lvl, "reduce-scatter", algo, r, lat + sent / c.bandwidth + red, lat, sent, red))
             continue
@@ -171,18 +168,34 @@ def phases(shape: Shape, levels, algorithms, nbytes: float) -> list[Phase]:
     return rs + [last] + ag
 
 
+def _scatter_level(shape: Shape, c, lvl: int, algo: str, nbytes: float) -> tuple[int, float, float]:
+    """(rounds, latency, bytes one child sends) of a reduce-scatter, or an allgather, at level ``lvl``: a child
+    holds the whole vector spread over its ranks and moves (g-1)/g of it through its links."""
+    g = max(shape.sizes[lvl])
+    r = max(level_rounds(algo, h) for h in shape.sizes[lvl])
+    extra = (g - 1 - r) if algo == "direct" else 0  # further messages posted in a direct round
+    return r, r * c.alpha + extra * links.SOFTWARE_OVERHEAD, (g - 1) / g * nbytes
+
+
 def allgather_phases(shape: Shape, levels, algorithms, nbytes: float) -> list[Phase]:
     """A planned allgather of ``nbytes`` in all (ddl.core.parts: every level gathers, the outermost first, with
     ``algorithms`` per level, innermost first): each level moves what a reduce-scatter there would, the top
     included (no allreduce in the middle), and reduces nothing."""
     out = []
     for lvl in reversed(range(shape.depth)):
-        c, g, algo = levels[lvl], max(shape.sizes[lvl]), algorithms[lvl]
-        r = max(level_rounds(algo, h) for h in shape.sizes[lvl])
-        lat = r * c.alpha + ((g - 1 - r) * links.SOFTWARE_OVERHEAD if algo == "direct" else 0)
-        sent = (g - 1) / g * nbytes
-        out.append(Phase(lvl, "allgather", algo, r, lat + sent / c.bandwidth, lat, sent))
+        c = levels[lvl]
+        r, lat, sent = _scatter_level(shape, c, lvl, algorithms[lvl], nbytes)
+        out.append(Phase(lvl, "allgather", algorithms[lvl], r, lat + sent / c.bandwidth, lat, sent))
     return out
+
+
+def scatter_choices(depth: int, plan_algorithms: tuple[str, ...], latency: bool) -> tuple[str, ...]:
+    """Per level, the algorithm of a reduce-scatter or allgather run alone where the allreduce plan for the same
+    bytes has ``plan_algorithms`` (its halves'); the top's allreduce-only choices (recursive doubling, exchange:
+    tiny vectors) become direct, and so does every level of a latency plan."""
+    if latency or len(plan_algorithms) != depth:
+        return ("direct",) * depth
+    return tuple(a if a in ("ring", "rabenseifner", "direct") else "direct" for a in plan_algorithms)
 
 
 def latency_round_levels(shape: Shape) -> list[int]:

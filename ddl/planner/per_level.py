@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ..schedule.algorithms import binomial_tree
 from ..schedule.ir import Op, Program, Step, number_tags
 from ..topology.tree import depth, leaves, nested
-from .model import effective_algorithm, level_rounds
+from .model import effective_algorithm, level_rounds, scatter_choices
 from .programs import scatter_gather
 
 
@@ -113,9 +113,7 @@ def scatter_program(rank: int, grid: Grid, algorithms: tuple[str, ...], bounds: 
 def scatter_algorithms(grid: Grid, plan_algorithms: tuple[str, ...], latency: bool) -> tuple[str, ...]:
     """Per level of ``grid``, the algorithm of the allreduce plan for the same bytes (its reduce-scatter half);
     the top's allreduce-only choices (recursive doubling, exchange: tiny vectors) become direct."""
-    if latency or len(plan_algorithms) != len(grid.sizes):
-        return ("direct",) * len(grid.sizes)
-    return tuple(a if a in ("ring", "rabenseifner", "direct") else "direct" for a in plan_algorithms)
+    return scatter_choices(len(grid.sizes), plan_algorithms, latency)
 
 
 def chain_order(grid: Grid, root: int) -> list[int]:

@@ -111,10 +111,11 @@ class Riding:
             {len(g) for g in groups} == set(shape.sizes[0])
         fused = pipelined(agreement_phases(shape, comm.levels, nbytes, by_host, payload), 1)
         agreement = pipelined(agreement_phases(shape, comm.levels, 0, by_host), 1)
-        if payload == "gathering" and comm.over_tcp:
-            return fused <= max(predict_allgather(plan, nbytes, shape), PLANNED_ALLGATHER_ROUNDS * agreement)
-        planned = predict_allgather(plan, nbytes, shape) if payload == "gathering" else \
-            predict(plan, nbytes)[0] / (1 if payload == "whole" else 2)
+        if payload != "gathering":
+            return fused <= predict(plan, nbytes)[0] / (1 if payload == "whole" else 2) + agreement
+        planned = predict_allgather(plan, nbytes, shape)
+        if comm.over_tcp:
+            return fused <= max(planned, PLANNED_ALLGATHER_ROUNDS * agreement)
         return fused <= planned + agreement
 
     def run(self, call):
