@@ -84,6 +84,8 @@ SETTINGS = {
                 "address a peer has that this rank has not)"),
         Setting("DDL_TCP_UNIX", "1", "ddl's TCP transport connects ranks of one host over a Unix socket (0: "
                 "loopback TCP)"),
+        Setting("DDL_TCP_SHM", "1", "ddl's TCP transport moves the bytes between ranks of one host through shared "
+                "memory, the Unix socket only waking a rank that sleeps (0: through the socket)"),
         Setting("DDL_SMALL_BYTES", "65536", "largest payload carried in the agreement round itself (latency path)"),
         Setting("DDL_REST", "100", "microseconds: while an asynchronous collective (DDP's buckets, a submitted "
                 "call nobody waits for yet) of at least 4 MiB waits on MPI over a level "

@@ -424,10 +424,13 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("port", &TcpTransport::port)
       .def_property_readonly("unix_peers", &TcpTransport::unix_peers,
                              "Peers connected over a Unix socket (ranks of this host), once connected.")
+      .def_property_readonly("shared_peers", &TcpTransport::shared_peers,
+                             "Of those, peers read and written through shared memory (a SharedPipe each).")
       .def("connect", &TcpTransport::connect, py::arg("addresses"), py::arg("ports"), py::arg("nonce"),
-           py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+           py::arg("timeout_s"), py::arg("pipe_bytes") = 0, py::call_guard<py::gil_scoped_release>(),
            "Connects to every peer (addresses[p]: rank p's candidates, in order; ports[p] its port); lower ranks "
-           "are dialed, higher ones accepted; both sides check the job's nonce.")
+           "are dialed, higher ones accepted; both sides check the job's nonce. pipe_bytes > 0: a peer of this "
+           "host reached over its Unix socket talks through shared memory, that many bytes each way.")
       .def_static("local_addresses", &TcpTransport::local_addresses,
                   "This machine's IPv4 addresses but loopback: (interface, address).")
       .def_property_readonly_static("RUN_AHEAD", [](py::object) { return TcpTransport::kRunAhead; },

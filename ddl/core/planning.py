@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from .. import config
 from ..errors import DDLError
 from ..planner import Plan, choose, label, program
 from ..planner.explain import Explanation, explain
@@ -127,6 +128,8 @@ class Planning:
         how = ("the ranks joined through the launcher's store (no MPI launcher)" if bootstrap.joined_through
                else "the ranks started by an MPI launcher")
         if self.over_tcp:
-            return (f"ddl's TCP connections between ranks (DDL_TRANSPORT; set up over {bootstrap.mpi_library()}), "
-                    f"{how}")
+            local = ("loopback TCP" if config.get("DDL_TCP_UNIX") == "0" else "a Unix socket" if
+                     config.get("DDL_TCP_SHM") == "0" else "shared memory, a Unix socket to wake them")
+            return (f"ddl's TCP connections between ranks (DDL_TRANSPORT; set up over {bootstrap.mpi_library()}; "
+                    f"ranks of one host through {local}), {how}")
         return f"MPI point-to-point messages ({bootstrap.mpi_library()}), {how}"

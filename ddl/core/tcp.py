@@ -5,13 +5,16 @@ sleeps blind between polls; over its own sockets a waiting rank blocks in epoll 
 frees up, and large messages leave and land in few system calls, straight from and into ddl's buffers (on the
 emulated T1, a 26 MB allreduce cost the 8 ranks 0.62-0.68 CPU-seconds over MPI's TCP). One connection per pair
 of ranks, a Unix socket between ranks of one host (loopback TCP where that fails: on the emulated T1 a small
-call's sendmsg, with the receiving side's TCP the kernel runs in it, was 31 % of a rank's CPU); set up once,
-through the MPI communicator.
+call's sendmsg, with the receiving side's TCP the kernel runs in it, was 31 % of a rank's CPU), and through
+shared memory over it (native SharedPipe: the Unix socket only wakes a rank that sleeps, and tells when a peer
+leaves; an 8 B broadcast's receive over the socket cost a rank 8-14 us of system time on the emulated T1); set up
+once, through the MPI communicator.
 
 DDL_TRANSPORT: ``auto`` (ddl's TCP where the ranks span several hosts, up to MAX_RANKS of them, and the job is
 not elastic: ULFM's failure notices travel through MPI), ``mpi`` (always MPI), ``tcp`` (ddl's TCP wherever there
 are several ranks). DDL_TCP_IFACE: the interface whose address the ranks connect to (default: every address a
-rank has but loopback and the ones its peer has too, in the order the system lists them).
+rank has but loopback and the ones its peer has too, in the order the system lists them). DDL_TCP_UNIX=0: ranks
+of one host over loopback TCP; DDL_TCP_SHM=0: over their Unix socket alone (no shared memory).
 """
 from __future__ import annotations
 
@@ -24,6 +27,9 @@ from ..errors import DDLError
 MODES = ("auto", "mpi", "tcp")
 MAX_RANKS = 256  # a connection per pair: 255 sockets a rank; larger jobs stay on MPI (lazy connections: not built)
 LOOPBACK = "127.0.0.1"
+# A shared pipe's bytes each way: what a rank's pipes to the other ranks of its host may hold in all, split
+# between them, within [PIPE_BYTES_MIN, PIPE_BYTES_MAX] each (a message larger streams through in pieces).
+PIPES_BYTES, PIPE_BYTES_MIN, PIPE_BYTES_MAX = 8 << 20, 64 << 10, 1 << 20
 UNIX = "unix"  # a candidate address: the peer's Unix socket (named after its TCP port), on this host
 
 
@@ -69,6 +75,14 @@ def candidates(me: int, hosts: list[str], published: list[list[tuple[str, str]]]
     return out
 
 
+def pipe_bytes(me: int, hosts: list[str], environ=os.environ) -> int:
+    """Bytes each way of the shared pipe to each other rank of ``me``'s host (0: none, DDL_TCP_SHM=0)."""
+    if config.get("DDL_TCP_SHM", environ) == "0":
+        return 0
+    neighbours = sum(1 for h in hosts if h == hosts[me]) - 1
+    return max(PIPE_BYTES_MIN, min(PIPE_BYTES_MAX, PIPES_BYTES // max(1, neighbours)))
+
+
 def executor(mpi_comm, hosts: list[str], timeout: float, yield_when_idle: bool):
     """An executor over ddl's TCP, connected to every rank of ``mpi_comm`` (collective over it)."""
     me = mpi_comm.rank
@@ -82,9 +96,11 @@ def executor(mpi_comm, hosts: list[str], timeout: float, yield_when_idle: bool):
     nonce = mpi_comm.bcast(secrets.randbits(63) if me == 0 else None)
     if transport is not None and all(p is not None for p in published):
         try:
+            unix = config.get("DDL_TCP_UNIX") != "0"
             addresses = candidates(me, hosts, [p[0] for p in published], config.get("DDL_TCP_IFACE") or None,
-                                   config.get("DDL_TCP_UNIX") != "0")
-            transport.connect(addresses, [p[1] for p in published], nonce, min(timeout, 60.0))
+                                   unix)
+            transport.connect(addresses, [p[1] for p in published], nonce, min(timeout, 60.0),
+                              pipe_bytes(me, hosts) if unix else 0)
         except DDLError as e:
             failed = str(e)
     # every rank learns whether every rank connected: none goes on with a transport another rank lacks

@@ -1,5 +1,7 @@
 #include "ddl/tcp_transport.hpp"
 
+#include "ddl/shared_pipe.hpp"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -146,6 +148,66 @@ int dial_unix(int port, Clock::time_point deadline) {
   return -1;
 }
 
+// After the hello on a Unix socket the dialing side hands over the memory of a shared pipe (one byte, with the
+// memfd attached, or with none: the two then talk over the socket alone). False if it failed or ran out.
+bool hand_over(int fd, int pipe_fd, Clock::time_point deadline) {
+  char byte = pipe_fd >= 0 ? 1 : 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char space[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (pipe_fd >= 0) {
+    msg.msg_control = space;
+    msg.msg_controllen = sizeof space;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &pipe_fd, sizeof(int));
+  }
+  while (Clock::now() < deadline) {
+    if (::sendmsg(fd, &msg, MSG_NOSIGNAL) == 1) return true;
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    pollfd pfd{fd, POLLOUT, 0};
+    ::poll(&pfd, 1, ms_left(deadline));
+  }
+  return false;
+}
+
+// The accepting side's half: the pipe's memfd (-1: none handed over), or -2 if the socket failed or ran out.
+int take_over(int fd, Clock::time_point deadline) {
+  while (Clock::now() < deadline) {
+    char byte = 0;
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char space[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = space;
+    msg.msg_controllen = sizeof space;
+    const ssize_t k = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    if (k == 1) {
+      int pipe_fd = -1;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(&pipe_fd, CMSG_DATA(c), sizeof(int));
+      if (byte == 1) return pipe_fd;
+      if (pipe_fd >= 0) ::close(pipe_fd);
+      return -1;
+    }
+    if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return -2;
+    pollfd pfd{fd, POLLIN, 0};
+    ::poll(&pfd, 1, ms_left(deadline));
+  }
+  return -2;
+}
+
+// One byte on the socket of a peer that sleeps on its shared pipe (epoll wakes it). Full: it has unread ones.
+void nudge(int fd) {
+  const char byte = 0;
+  (void)::send(fd, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
 }  // namespace
 
 TcpTransport::TcpTransport(int rank, int size, const std::string& bind_address, bool yield_when_idle)
@@ -199,7 +261,7 @@ TcpTransport::~TcpTransport() {
 }
 
 void TcpTransport::connect(const std::vector<std::vector<std::string>>& addresses, const std::vector<int>& ports,
-                           uint64_t nonce, double timeout_s) {
+                           uint64_t nonce, double timeout_s, size_t pipe_bytes) {
   const std::string me = "rank " + std::to_string(rank_) + ": tcp transport: ";
   if (addresses.size() != static_cast<size_t>(size_) || ports.size() != static_cast<size_t>(size_))
     throw TransportError(me + "connect needs every rank's addresses and port");
@@ -219,6 +281,15 @@ void TcpTransport::connect(const std::vector<std::vector<std::string>>& addresse
         if (exchange_all(c, &hello, sizeof hello, true, deadline) &&
             exchange_all(c, &answer, sizeof answer, false, deadline) && answer.magic == kMagic &&
             answer.rank == p && answer.nonce == nonce) {
+          if (a == kUnix) {  // a peer of this host: the memory of a shared pipe goes with the connection
+            const int pipe_fd = pipe_bytes ? SharedPipe::create(pipe_bytes) : -1;
+            if (!hand_over(c, pipe_fd, deadline)) {
+              if (pipe_fd >= 0) ::close(pipe_fd);
+              ::close(c);
+              continue;
+            }
+            if (pipe_fd >= 0) peers_[static_cast<size_t>(p)].pipe = shared_pipe(pipe_fd, true, me);
+          }
           fd = c;
           unix_peers_ += a == kUnix;
           break;
@@ -258,6 +329,14 @@ void TcpTransport::connect(const std::vector<std::vector<std::string>>& addresse
       ::close(c);
       continue;
     }
+    if (over_unix) {
+      const int pipe_fd = take_over(c, soon);
+      if (pipe_fd == -2) {
+        ::close(c);
+        continue;
+      }
+      if (pipe_fd >= 0) peers_[static_cast<size_t>(hello.rank)].pipe = shared_pipe(pipe_fd, false, me);
+    }
     peers_[static_cast<size_t>(hello.rank)].fd = c;
     unix_peers_ += over_unix;
     --missing;
@@ -277,6 +356,15 @@ void TcpTransport::connect(const std::vector<std::vector<std::string>>& addresse
     ev.data.u32 = static_cast<uint32_t>(p);
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, peer.fd, &ev) != 0)
       throw TransportError(me + "epoll_ctl: " + errno_text(errno));
+    if (peer.pipe) piped_.push_back(p);
+  }
+}
+
+std::unique_ptr<SharedPipe> TcpTransport::shared_pipe(int fd, bool dialer, const std::string& me) {
+  try {
+    return std::make_unique<SharedPipe>(fd, dialer);
+  } catch (const std::runtime_error& e) {
+    throw TransportError(me + e.what());
   }
 }
 
@@ -327,6 +415,7 @@ void TcpTransport::watch(int p, bool write) {
   Peer& peer = peers_[static_cast<size_t>(p)];
   if (peer.want_write == write || peer.closed) return;
   peer.want_write = write;
+  if (peer.pipe) return;  // (room in a shared pipe is polled for, or woken for: wait_events)
   epoll_event ev{};
   ev.events = EPOLLIN | (write ? EPOLLOUT : 0u);
   ev.data.u32 = static_cast<uint32_t>(p);
@@ -401,14 +490,25 @@ void TcpTransport::flush(int p) {
       }
       if (it->nbytes > skip) iov[n++] = {const_cast<char*>(it->data) + skip, it->nbytes - skip};
     }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(n);
-    ssize_t k = ::sendmsg(peer.fd, &msg, MSG_NOSIGNAL);
+    ssize_t k;
+    if (peer.pipe) {
+      k = static_cast<ssize_t>(peer.pipe->write(iov, n));
+      if (k == 0) {
+        k = -1;
+        errno = EAGAIN;
+      } else if (peer.pipe->wake_after_write()) {
+        nudge(peer.fd);
+      }
+    } else {
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(n);
+      k = ::sendmsg(peer.fd, &msg, MSG_NOSIGNAL);
+    }
     if (k < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        watch(p, true);  // the socket is full: EPOLLOUT says when it has room again
+        watch(p, true);  // the socket is full: EPOLLOUT says when it has room again (a pipe: polled)
         return;
       }
       lost(p, errno_text(errno));
@@ -476,33 +576,53 @@ void TcpTransport::end_body(int p) {
 
 void TcpTransport::drain(int p) {
   Peer& peer = peers_[static_cast<size_t>(p)];
+  bool took = false;
   while (!peer.closed) {
-    ssize_t k;
-    if (!peer.in_body) {
-      char* at = reinterpret_cast<char*>(peer.header) + peer.header_got;
-      k = ::recv(peer.fd, at, kHeader - peer.header_got, 0);
-      if (k > 0) {
-        last_moved_ = Clock::now();
+    char* at = peer.in_body ? peer.into + peer.body_got : reinterpret_cast<char*>(peer.header) + peer.header_got;
+    const size_t want = peer.in_body ? peer.body - peer.body_got : kHeader - peer.header_got;
+    const ssize_t k = take(peer, at, want);
+    if (k > 0) {
+      took = true;
+      last_moved_ = Clock::now();
+      if (!peer.in_body) {
         peer.header_got += static_cast<size_t>(k);
         if (peer.header_got == kHeader && begin_body(p)) end_body(p);
-        continue;
-      }
-    } else {
-      k = ::recv(peer.fd, peer.into + peer.body_got, peer.body - peer.body_got, 0);
-      if (k > 0) {
-        last_moved_ = Clock::now();
+      } else {
         peer.body_got += static_cast<size_t>(k);
         if (peer.body_got == peer.body) end_body(p);
-        continue;
       }
+      continue;
     }
     if (k == 0) {
       lost(p, "closed by the peer");
       return;
     }
     if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
     lost(p, errno_text(errno));
+    return;
+  }
+  if (took && peer.pipe && peer.pipe->wake_after_read()) nudge(peer.fd);  // its writer waits for room
+}
+
+ssize_t TcpTransport::take(Peer& peer, char* into, size_t n) {
+  if (!peer.pipe) return ::recv(peer.fd, into, n, 0);
+  const size_t k = peer.pipe->read(into, n);
+  if (k == 0) errno = EAGAIN;  // (a pipe's end is its socket's: woken)
+  return k ? static_cast<ssize_t>(k) : -1;
+}
+
+void TcpTransport::woken(int p) {
+  Peer& peer = peers_[static_cast<size_t>(p)];
+  char bytes[64];
+  for (;;) {  // wake-ups: their bytes say nothing
+    const ssize_t k = ::recv(peer.fd, bytes, sizeof bytes, 0);
+    if (k > 0) continue;
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    const std::string why = k == 0 ? "closed by the peer" : errno_text(errno);
+    drain(p);  // what it wrote before it left is still read
+    if (!peer.closed) lost(p, why);
     return;
   }
 }
@@ -531,17 +651,36 @@ void TcpTransport::wait_events(Clock::duration timeout) {
   const int64_t timeout_us = std::chrono::duration_cast<std::chrono::microseconds>(timeout).count();
   epoll_event events[64];
   int n;
-  if (timeout_us <= 0) {
+  // Before blocking, each peer of a shared pipe is told, then looked at once more: it may need no wait.
+  bool blocks = timeout_us > 0;
+  if (blocks)
+    for (int p : piped_) {
+      Peer& peer = peers_[static_cast<size_t>(p)];
+      if (!peer.closed && peer.pipe->asleep(!peer.sends.empty())) blocks = false;
+    }
+  if (!blocks) {
     n = epoll_wait(epoll_fd_, events, 64, 0);
   } else {
     timespec ts{static_cast<time_t>(timeout_us / 1000000), static_cast<long>(timeout_us % 1000000) * 1000};
     n = epoll_pwait2(epoll_fd_, events, 64, &ts, nullptr);
     if (n < 0 && errno == ENOSYS) n = epoll_wait(epoll_fd_, events, 64, static_cast<int>((timeout_us + 999) / 1000));
   }
+  if (timeout_us > 0)
+    for (int p : piped_) peers_[static_cast<size_t>(p)].pipe->awake();
   for (int i = 0; i < n; ++i) {
     const int p = static_cast<int>(events[i].data.u32);
+    if (peers_[static_cast<size_t>(p)].pipe) {
+      if (events[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) woken(p);
+      continue;
+    }
     if (events[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) drain(p);
     if ((events[i].events & EPOLLOUT) && !peers_[static_cast<size_t>(p)].closed) flush(p);
+  }
+  for (int p : piped_) {  // shared pipes have no events: looked at every time
+    Peer& peer = peers_[static_cast<size_t>(p)];
+    if (peer.closed) continue;
+    drain(p);
+    if (!peer.sends.empty() && !peer.closed) flush(p);
   }
 }
 
@@ -587,6 +726,7 @@ void TcpTransport::idle(Clock::duration rest, bool messages_only) {
 }
 
 void TcpTransport::abandon() {
+  piped_.clear();
   for (Peer& p : peers_) {
     if (p.fd >= 0) ::close(p.fd);
     p = Peer{};

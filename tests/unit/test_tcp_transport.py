@@ -1,7 +1,8 @@
 """ddl's own TCP transport (ddl.core.tcp, native TcpTransport): ranks are threads of this process connected over
-Unix sockets, as ranks of one host are (loopback TCP where a test says so); what is checked is the transport's contract (MPI's matching order, messages that arrive
-before their receive, errors naming the peer, a set-up that ignores strangers) and the collectives on it,
-against numpy."""
+Unix sockets with a shared pipe each, as ranks of one host are (the pipes small, so that messages wrap around
+them and fill them; the socket alone or loopback TCP where a test says so); what is checked is the transport's
+contract (MPI's matching order, messages that arrive before their receive, errors naming the peer, a set-up that
+ignores strangers) and the collectives on it, against numpy."""
 import socket
 import threading
 import time
@@ -22,22 +23,24 @@ from test_loopback import contribution, expected, spawn_on
 
 BASE = replace(parse("", environ={}), timeout=20.0)
 LOOP = "127.0.0.1"
+PIPE = 40000  # bytes each way: smaller than the larger messages here, and no power of two
 
 
-def connected(p, nonce=7, via=(tcp.UNIX, LOOP)):
-    """p TcpTransports of this process, connected to each other (``via``: the candidates, in order)."""
+def connected(p, nonce=7, via=(tcp.UNIX, LOOP), pipe=PIPE):
+    """p TcpTransports of this process, connected to each other (``via``: the candidates, in order; ``pipe``:
+    the shared pipes' bytes each way between ranks on Unix sockets, 0: none)."""
     transports = [_native.TcpTransport(r, p, LOOP) for r in range(p)]
-    connect_all(transports, nonce, via)
+    connect_all(transports, nonce, via, pipe)
     return transports
 
 
-def connect_all(transports, nonce, via=(tcp.UNIX, LOOP)):
+def connect_all(transports, nonce, via=(tcp.UNIX, LOOP), pipe=PIPE):
     ports = [t.port for t in transports]
     errors = []
 
     def connect(t):
         try:
-            t.connect([list(via)] * len(transports), ports, nonce, 10.0)
+            t.connect([list(via)] * len(transports), ports, nonce, 10.0, pipe)
         except Exception as e:  # noqa: BLE001 (collected for the assert)
             errors.append(e)
 
@@ -392,11 +395,14 @@ def test_an_unreachable_rank_is_named_after_the_deadline():
 
 
 def test_ranks_of_one_host_connect_over_unix_sockets_or_loopback_alike():
-    """Offered a Unix socket first, every pair connects over one (no TCP/IP in the kernel); offered loopback
-    alone, none does; the collectives are right either way. A Unix socket that no rank listens on is named."""
-    for via, unix in (((tcp.UNIX, LOOP), 2), ((LOOP,), 0)):
-        transports = connected(3, via=via)
+    """Offered a Unix socket first, every pair connects over one (no TCP/IP in the kernel), with a shared pipe
+    where asked; offered loopback alone, none does (and no pipe); the collectives are right every way. A Unix
+    socket that no rank listens on is named."""
+    for via, pipe, unix, shared in (((tcp.UNIX, LOOP), PIPE, 2, 2), ((tcp.UNIX, LOOP), 0, 2, 0),
+                                    ((tcp.UNIX, LOOP), 1 << 20, 2, 2), ((LOOP,), PIPE, 0, 0)):
+        transports = connected(3, via=via, pipe=pipe)
         assert [t.unix_peers for t in transports] == [unix] * 3
+        assert [t.shared_peers for t in transports] == [shared] * 3
         cs = [Communicator(_native.Executor.tcp(t), r, 3, BASE) for r, t in enumerate(transports)]
         got = run_ok(cs, lambda c: c.allreduce(contribution(c.rank, 3001, np.float32, "sum"), "sum"))
         for r, g in enumerate(got):
@@ -420,6 +426,15 @@ def test_candidates_loopback_on_the_same_host_and_never_an_address_both_have():
     assert tcp.candidates(0, hosts, published, "eth0")[2] == ["10.0.0.3"]
     with pytest.raises(DDLError, match="rank 2: DDL_TCP_IFACE=ib0: rank 0 \\(host a\\) has no IPv4 address on it"):
         tcp.candidates(2, hosts, published, "ib0")
+
+
+def test_a_rank_shares_a_pipe_with_each_rank_of_its_host_sized_from_one_budget():
+    one_each = ["a", "a", "b", "b"]
+    assert tcp.pipe_bytes(0, one_each, {}) == tcp.PIPE_BYTES_MAX  # the budget is more than one pipe's
+    crowded = ["a"] * 32 + ["b"]
+    assert tcp.pipe_bytes(0, crowded, {}) == tcp.PIPES_BYTES // 31
+    assert tcp.pipe_bytes(0, ["a"] * 1000, {}) == tcp.PIPE_BYTES_MIN
+    assert tcp.pipe_bytes(0, one_each, {"DDL_TCP_SHM": "0"}) == 0
 
 
 def test_transport_choice():

@@ -38,6 +38,8 @@
 // peer's candidate addresses (already chosen: loopback for a peer on this host) and port, and the job's nonce
 // that both sides of a connection check.
 #pragma once
+#include <sys/types.h>
+
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -47,6 +49,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddl/shared_pipe.hpp"
 #include "ddl/transport.hpp"
 
 namespace ddl {
@@ -60,11 +63,14 @@ class TcpTransport final : public Transport {
   static constexpr int kRunAhead = 16;
   int port() const { return port_; }
   int unix_peers() const { return unix_peers_; }  // peers connected over a Unix socket (ranks of this host)
+  int shared_peers() const { return static_cast<int>(piped_.size()); }  // ... of which talk through a SharedPipe
   // Connects to every peer: lower ranks are dialed, higher ranks accepted. addresses[p]: peer p's candidate
   // addresses, tried in order ("unix": its Unix socket, for a peer on this host); ports[p] its TCP port (which
-  // also names its Unix socket). Throws TransportError naming the peer after timeout_s.
+  // also names its Unix socket). pipe_bytes > 0: a peer reached over its Unix socket is read and written through
+  // a SharedPipe of that many bytes each way, which the dialing side makes (0: the socket alone). Throws
+  // TransportError naming the peer after timeout_s.
   void connect(const std::vector<std::vector<std::string>>& addresses, const std::vector<int>& ports,
-               uint64_t nonce, double timeout_s);
+               uint64_t nonce, double timeout_s, size_t pipe_bytes = 0);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -123,12 +129,16 @@ class TcpTransport final : public Transport {
     Handle target = -1;            // the posted receive it completes (-1: unexpected)
     std::vector<char> unexpected;
     bool closed = false;
+    std::unique_ptr<SharedPipe> pipe;  // a peer of this host: its bytes go through here, the socket wakes
   };
 
   Handle take_slot();
   void finish(Handle h, std::string error = {});
   void flush(int p);
   void drain(int p);
+  ssize_t take(Peer& peer, char* into, size_t n);  // recv's answer, from the socket or the shared pipe
+  void woken(int p);  // a shared pipe's socket has bytes (wake-ups) or closed
+  static std::unique_ptr<SharedPipe> shared_pipe(int fd, bool dialer, const std::string& me);
   std::deque<Recv>::iterator posted_for(Peer& peer, int64_t tag);  // the oldest receive posted for tag
   Handle send_wire(const void* data, size_t nbytes, int peer, int64_t wire, std::vector<char> own = {});
   Handle recv_wire(void* data, size_t nbytes, int peer, int64_t wire);
@@ -162,6 +172,7 @@ class TcpTransport final : public Transport {
   bool yield_when_idle_;
   int listen_fd_ = -1, unix_fd_ = -1, epoll_fd_ = -1, port_ = 0, unix_peers_ = 0;
   std::vector<Peer> peers_;
+  std::vector<int> piped_;  // peers over a SharedPipe
   std::vector<Op> slots_;
   std::vector<Handle> free_;
   Clock::time_point last_moved_ = Clock::now();  // when bytes last went out or came in
