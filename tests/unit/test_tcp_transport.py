@@ -197,6 +197,33 @@ def test_checked_allgathers_whose_rows_differ_gather_as_agreed(monkeypatch):
         assert g.shape == (0, 7)
 
 
+def test_an_allgather_whose_rows_were_uneven_is_checked_again_after_enough_even_calls(monkeypatch):
+    """Once rows differed, an allgather is agreed first; EVEN_AGAIN agreed calls in a row with even rows end
+    that on every rank alike: it is checked on receipt again (and rows that differ then are recovered from
+    again), every answer right throughout."""
+    from ddl.core.paths import planned
+
+    monkeypatch.setattr(planned, "EVEN_AGAIN", 3)
+    cs, n = comms(4, hierarchy=[[0, 1], [2, 3]]), 15_000
+    nbytes = 4 * n  # (explain's call: float32, one dimension, as these)
+
+    def gather(rows):
+        def body(c):
+            return c.allgather(np.arange(rows[c.rank], dtype=np.float32) + 1e5 * c.rank)
+        want = np.concatenate([np.arange(rows[r], dtype=np.float32) + 1e5 * r for r in range(4)])
+        for g in run_ok(cs, body):
+            np.testing.assert_array_equal(g, want)
+
+    even, uneven = [n] * 4, [n, n + 2, n, n]
+    for _ in range(2):
+        gather(even)
+        gather(uneven)
+        for k in range(3):
+            assert all("checked on receipt" not in c.explain(nbytes, "allgather").path for c in cs), k
+            gather(even)
+        assert all("checked on receipt" in c.explain(nbytes, "allgather").path for c in cs)
+
+
 def test_a_rank_behind_finishes_the_call_the_others_finished_before_they_raised():
     """Ranks 0 and 1 finish a broadcast, then call allreduces that differ and raise; rank 2, late to the
     broadcast, still gets it whole (every message of it had come) and raises in its allreduce, the call where

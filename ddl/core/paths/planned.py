@@ -39,6 +39,7 @@ _SUM = _native.ReduceOp.sum
 CHAIN_FROM = 256 << 10  # broadcasts from this size (and 3 ranks) run as a pipelined chain ...
 CHAIN_BLOCK = 64 << 10  # ... in blocks of this size: p - 1 blocks of fill, small against the whole
 KEPT_UNEVEN = 1024  # allgathers remembered as uneven
+EVEN_AGAIN = 64  # ... until this many calls in a row of one had even rows: then it is checked (or rides) again
 CHECKED_UP_TO = 1 << 20  # over TCP, calls up to this size are checked on receipt (above it the round is a small
                          # part of the call; at 4 MiB on T1 it no longer paid for the copy: 60.0 ms against 58.3)
 # (Small broadcasts too: while each checked run waited for the previous rank's notice, a root waited for the
@@ -54,7 +55,8 @@ class Planned:
 
     def __init__(self, comm):
         self.comm = comm
-        self.uneven: set[str] = set()  # allgathers (their text) whose ranks' rows have differed: agreed first
+        # allgathers (their text) whose ranks' rows have differed: agreed first; with their even calls since
+        self.uneven: dict[str, int] = {}
 
     def takes(self, call) -> str | None:
         if call.device or self.comm.size == 1 and call.collective != "alltoall":
@@ -241,6 +243,8 @@ class Planned:
             rows = rows if counted is None else counted
             if (rows != rows[0]).any():
                 self.rows_differed(call.text)
+            elif call.text in self.uneven:
+                self.rows_even(call.text)
             row_bytes = a.dtype.itemsize * math.prod(a.shape[1:])
             result = self.gather_rows(a, mine, rows, row_bytes, call.text, call.out)
         return gathered_into(result, call.out, comm.rank)
@@ -285,11 +289,20 @@ class Planned:
         differ again cost every rank a mismatch, a start-over and a report (T2, 64 KiB, rows differing at every
         call: 9-10 ms a call checked, 1.6-3.1 agreed)."""
         if text in self.uneven:
+            self.uneven[text] = 0
             return
         if len(self.uneven) > KEPT_UNEVEN:  # (every rank meets the same texts in the same order: cleared alike)
             self.uneven.clear()
-        self.uneven.add(text)
+        self.uneven[text] = 0
         self.comm.forget_allgathers(text)
+
+    def rows_even(self, text: str) -> None:
+        """An agreed allgather of ``text``, once uneven, whose rows were even on every rank (as every rank learnt in
+        the same round): after EVEN_AGAIN such calls in a row its uneven phase is taken to be over, and its next
+        calls are checked on receipt (or ride) again, without the round."""
+        self.uneven[text] += 1
+        if self.uneven[text] >= EVEN_AGAIN:
+            del self.uneven[text]
 
     def gather_rows(self, a: np.ndarray, mine: np.ndarray, rows: np.ndarray, row_bytes: int, text: str,
                     out=None) -> np.ndarray:
