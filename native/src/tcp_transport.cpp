@@ -39,11 +39,15 @@ constexpr auto kLongestEventWait = std::chrono::milliseconds(1);
 // after 100 us cost them the wake-up: 400 us against 100, alternating in one job, an 8 B allreduce took 211
 // against 301 us on T1 (213 / 247 on T2), an 8 B allgather 224 / 305 (253 / 282), 8 KiB 274-304 / 318-345;
 // broadcasts no different; a 16 MiB allreduce on T2 the same 286 ms for 0.56 CPU-s over the ranks against 0.51.
-// Counted from a message's end, not from any byte: a large message trickles in at the link's speed, each poll
-// finding a few KB, and polling for it throughout cost a 26 MB allreduce on T1 0.63-0.66 CPU-seconds over the 8
-// ranks against 0.48-0.52 blocking between bytes (the same 325-330 ms; gloo's 0.37-0.45), CPU that DDP's
-// backward beside it needs; calls of 8 B-1 MiB took the same time either way, alternating in one job.
+// Counted from the end of a small message (kSpinAfterBytes at most: the next is likely as near), not from any
+// byte: a large message trickles in at the link's speed, each poll finding a few KB, and polling for it
+// throughout cost a 26 MB allreduce on T1 0.63-0.66 CPU-seconds over the 8 ranks; from any message's end,
+// 0.47-0.52 (a large allreduce's blocks finish often enough, those between ranks of a host the oftenest); from
+// a small one's, 0.27-0.31, gloo's 0.23-0.33 in the same jobs, all at the same 323-336 ms. That is CPU DDP's
+// backward beside it needs. Alternating in one job, 8 B-4 MiB calls took the same time either way on T1
+// (every collective), a 16 MiB allreduce on T2 276-281 ms against 283-300.
 constexpr auto kSpinBeforeBlocking = std::chrono::microseconds(400);
+constexpr size_t kSpinAfterBytes = 64 << 10;
 // A tag on the wire: [run | check | tag] (Transport::begin_run), the executor's tags below the top two.
 constexpr int kTagBits = 24, kCheckBits = 20, kRunBits = 20;
 constexpr uint64_t kTagMask = (uint64_t{1} << kTagBits) - 1, kCheckMask = (uint64_t{1} << kCheckBits) - 1,
@@ -528,7 +532,7 @@ void TcpTransport::flush(int p) {
       wrote -= now;
       if (s.sent == kHeader + s.nbytes) {
         if (s.h >= 0) finish(s.h);
-        last_finished_ = Clock::now();
+        if (s.nbytes <= kSpinAfterBytes) last_finished_ = Clock::now();
         peer.sends.pop_front();
       }
     }
@@ -559,7 +563,7 @@ bool TcpTransport::begin_body(int p) {
 
 void TcpTransport::end_body(int p) {
   Peer& peer = peers_[static_cast<size_t>(p)];
-  last_finished_ = Clock::now();
+  if (peer.body <= kSpinAfterBytes) last_finished_ = Clock::now();
   const int64_t tag = peer.header[0];
   peer.in_body = false;
   peer.header_got = 0;

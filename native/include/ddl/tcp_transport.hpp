@@ -31,8 +31,8 @@
 // finished, finishes it first (they raised in a later call, where it starts over too).
 //
 // Waiting (idle): a run nobody waits for (rest > 0) blocks in epoll up to 1 ms, or rest where longer; a run its
-// caller waits for (rest 0) polls for 400 us after a message last finished (going out or coming in), then
-// blocks the same way. While blocks wait
+// caller waits for (rest 0) polls for 400 us after a small message (64 KiB at most) last finished going out or
+// coming in, then blocks the same way. While blocks wait
 // on their hooks (the GPU's staging), never longer than rest.
 //
 // Set-up is two-step, so that Python decides where to connect: the constructor listens; connect() gets every
@@ -177,7 +177,7 @@ class TcpTransport final : public Transport {
   std::vector<Op> slots_;
   std::vector<Handle> free_;
   Clock::time_point last_moved_ = Clock::now();  // when bytes last went out or came in
-  Clock::time_point last_finished_ = Clock::now();  // when a message last finished going out or coming in
+  Clock::time_point last_finished_ = Clock::now();  // when a small message last finished going out or coming in
   // runs checked on receipt
   int64_t run_ = 0, check_ = 0;  // this rank's latest run and its check (0: none)
   bool in_run_ = false, settled_ = true;
