@@ -1,5 +1,6 @@
 // Transport over TCP sockets of its own, one connection per peer (gloo's way across hosts; a Unix socket to a
-// peer on this host where it can: the same stream, without TCP/IP in the kernel). Why not MPI's TCP:
+// peer on this host where it can: the same stream, without TCP/IP in the kernel, its bytes through a SharedPipe
+// where connect() is given the pipes' size: no system call per message, the socket only waking a rank that sleeps). Why not MPI's TCP:
 // MPI progresses only while polled, so a run either spins a core or sleeps blind; here a rank that waits
 // blocks in epoll and the kernel wakes it when bytes arrive or room frees up, and large messages go out and
 // come in with few, large system calls straight from and into the caller's buffers.
