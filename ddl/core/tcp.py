@@ -96,11 +96,11 @@ def executor(mpi_comm, hosts: list[str], timeout: float, yield_when_idle: bool):
     nonce = mpi_comm.bcast(secrets.randbits(63) if me == 0 else None)
     if transport is not None and all(p is not None for p in published):
         try:
-            unix = config.get("DDL_TCP_UNIX") != "0"
             addresses = candidates(me, hosts, [p[0] for p in published], config.get("DDL_TCP_IFACE") or None,
-                                   unix)
+                                   config.get("DDL_TCP_UNIX") != "0")
+            # (pipes go with Unix sockets alone: DDL_TCP_UNIX=0 makes none)
             transport.connect(addresses, [p[1] for p in published], nonce, min(timeout, 60.0),
-                              pipe_bytes(me, hosts) if unix else 0)
+                              pipe_bytes(me, hosts))
         except DDLError as e:
             failed = str(e)
     # every rank learns whether every rank connected: none goes on with a transport another rank lacks

@@ -14,14 +14,14 @@ namespace ddl {
 
 namespace {
 constexpr size_t kRings = 2;
-size_t header_bytes() { return 4096; }  // the rings' indices, a page of their own
+constexpr size_t kIndexBytes = 4096;  // the rings' indices, a page of their own
 }  // namespace
 
 int SharedPipe::create(size_t capacity) {
 #ifdef MFD_CLOEXEC
   const int fd = ::memfd_create("ddl-pipe", MFD_CLOEXEC);
   if (fd < 0) return -1;
-  if (::ftruncate(fd, static_cast<off_t>(header_bytes() + kRings * capacity)) != 0) {
+  if (::ftruncate(fd, static_cast<off_t>(kIndexBytes + kRings * capacity)) != 0) {
     ::close(fd);
     return -1;
   }
@@ -34,14 +34,14 @@ int SharedPipe::create(size_t capacity) {
 
 SharedPipe::SharedPipe(int fd, bool dialer) : out_(dialer ? 0 : 1), in_(dialer ? 1 : 0) {
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) <= header_bytes()) {
+  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) <= kIndexBytes) {
     const int e = errno;
     ::close(fd);
     throw std::runtime_error("shared pipe: the memory handed over has no rings (" + std::string(std::strerror(e)) +
                              ")");
   }
   bytes_ = static_cast<size_t>(st.st_size);
-  capacity_ = (bytes_ - header_bytes()) / kRings;
+  capacity_ = (bytes_ - kIndexBytes) / kRings;
   base_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int e = errno;
   ::close(fd);
@@ -49,7 +49,7 @@ SharedPipe::SharedPipe(int fd, bool dialer) : out_(dialer ? 0 : 1), in_(dialer ?
     base_ = nullptr;
     throw std::runtime_error("shared pipe: mmap failed: " + std::string(std::strerror(e)));
   }
-  static_assert(kRings * sizeof(Ring) <= 4096, "the rings' indices fit their page");
+  static_assert(kRings * sizeof(Ring) <= kIndexBytes, "the rings' indices fit their page");
 }
 
 SharedPipe::~SharedPipe() {
@@ -59,7 +59,7 @@ SharedPipe::~SharedPipe() {
 SharedPipe::Ring* SharedPipe::ring(int i) const { return static_cast<Ring*>(base_) + i; }
 
 char* SharedPipe::data(int i) const {
-  return static_cast<char*>(base_) + header_bytes() + static_cast<size_t>(i) * capacity_;
+  return static_cast<char*>(base_) + kIndexBytes + static_cast<size_t>(i) * capacity_;
 }
 
 size_t SharedPipe::write(const iovec* iov, int n) {

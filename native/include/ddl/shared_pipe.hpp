@@ -6,7 +6,7 @@
 //
 // Wake-ups: a side that is about to block in epoll says so in the ring it waits on (asleep()), then checks the
 // ring once more; the other side, after it moved bytes there, sees the flag and writes one byte on the Unix socket
-// (wake_if_asleep()), which epoll reports. The socket stays the connection's life: its closing is the peer's
+// (wake_after_write(), wake_after_read()), which epoll reports. The socket stays the connection's life: its closing is the peer's
 // leaving, as before. The flag and the ring's index are each stored, then the other read, both sequentially
 // consistent: of a sleeper and a mover, at least one sees the other's store (no wake-up is lost).
 #pragma once
