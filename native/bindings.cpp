@@ -85,9 +85,23 @@ int64_t elements(const py::buffer& buf, DType dtype) {
 }
 
 // The one entry: returns whether every rank's header equalled this one's (true when there is none).
-bool run(Executor& ex, const PyPlan& plan, const py::buffer& buf, const PyRunOptions& o, const py::object& out) {
+bool run(Executor& ex, const PyPlan& plan, const py::buffer& buf, const PyRunOptions& o, const py::object& out,
+         const py::object& source) {
   RunOptions opt = native_options(o);
   opt.bytes = plan.extent * static_cast<int64_t>(dtype_size(o.dtype));
+  if (!source.is_none()) {  // out of place (RunOptions::source): the same bytes as the buffer, elsewhere
+    if (o.group != nullptr || o.header || !out.is_none())
+      throw std::invalid_argument("a run from a source is a plain one: no staging, no header, no out");
+    const int64_t n = elements(buf, o.dtype);
+    if (elements(py::reinterpret_borrow<py::buffer>(source), o.dtype) != n || n != plan.extent)
+      throw std::invalid_argument("source, buffer and plan must hold the same elements (source " +
+                                  std::to_string(elements(py::reinterpret_borrow<py::buffer>(source), o.dtype)) +
+                                  ", buffer " + std::to_string(n) + ", plan " + std::to_string(plan.extent) + ")");
+    opt.source = contiguous_buffer(py::reinterpret_borrow<py::buffer>(source), o.dtype, n, false);
+    const char* from = static_cast<const char*>(opt.source);
+    const char* to = static_cast<const char*>(contiguous_buffer(buf, o.dtype, n, false));
+    if (from < to + opt.bytes && to < from + opt.bytes) throw std::invalid_argument("source overlaps the buffer");
+  }
   if (o.group != nullptr) {
     if (o.header || !out.is_none()) throw std::invalid_argument("a staged run takes no header and no out");
     char* staging = static_cast<char*>(writable_buffer(buf, o.dtype, plan.extent));
@@ -495,7 +509,9 @@ PYBIND11_MODULE(_native, m) {
            "(src: every part, dst: this rank's) through `staged`, each block's pieces copied in just before it "
            "starts and out as soon as it ends (GIL released).")
       .def("run", &run, py::arg("plan"), py::arg("buffer"), py::arg("options"), py::arg("out") = py::none(),
+           py::arg("source") = py::none(),
            "Runs a pipeline on a contiguous buffer (GIL released); returns whether every rank's header agreed "
            "(true without one). With out (and a header): the small collective, run on a private copy of the "
-           "buffer, its result written to out only if every rank agreed.");
+           "buffer, its result written to out only if every rank agreed. With source (no header): out of "
+           "place, the buffer filled from source block by block as the blocks start.");
 }

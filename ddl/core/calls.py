@@ -365,11 +365,19 @@ def gathered_into(result: np.ndarray, out, rank: int) -> np.ndarray:
     return out
 
 
-def work_buffer(a: np.ndarray, out) -> tuple[np.ndarray, bool]:
-    """(the flat buffer a reduction runs on in place, whether it is out's memory): out itself when it can be,
-    else a fresh C-ordered copy."""
+def work_buffer(a: np.ndarray, out) -> tuple[np.ndarray, bool, np.ndarray | None]:
+    """(the flat buffer a reduction runs on in place, whether it is out's memory, the input the run copies into
+    it block by block as each block starts, or None where the buffer holds the input already): out itself when
+    it can be, else a new buffer. Where ``a`` is contiguous and apart from that buffer, the run copies it in
+    (RunOptions.source): a copy up front delayed the first block (T2, 16 MiB out of place: 285-296 ms against
+    274-280 in place)."""
     if out is not None and out.flags.c_contiguous:
-        if out is not a:
-            copy_in(out, a)
-        return out.reshape(-1), True
-    return np.array(a, order="C").reshape(-1), False
+        if out is a:
+            return out.reshape(-1), True, None
+        if a.flags.c_contiguous and not np.may_share_memory(out, a):
+            return out.reshape(-1), True, a.reshape(-1)
+        copy_in(out, a)
+        return out.reshape(-1), True, None
+    if a.flags.c_contiguous:
+        return np.empty(a.size, a.dtype), False, a.reshape(-1)
+    return np.array(a, order="C").reshape(-1), False, None

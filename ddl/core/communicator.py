@@ -253,10 +253,11 @@ class Communicator(Planning, Submitting):
         """The MPI communicator ddl runs on (a private duplicate; None for loopback or alone)."""
         return self._mpi
 
-    def execute(self, plan: CompiledPipeline, buffer, options, out=None, parts: tuple | None = None) -> bool:
-        """Runs a compiled pipeline on this communicator's executor (``_native.RunOptions``; ``out``: see
-        _native.Executor.run; ``parts``: run_parts' arguments after the staged ``buffer``); returns whether every
-        rank's header agreed (True without one). The caller holds ``lock`` and has agreed first."""
+    def execute(self, plan: CompiledPipeline, buffer, options, out=None, parts: tuple | None = None,
+                source=None) -> bool:
+        """Runs a compiled pipeline on this communicator's executor (``_native.RunOptions``; ``out`` and
+        ``source``: see _native.Executor.run; ``parts``: run_parts' arguments after the staged ``buffer``); returns
+        whether every rank's header agreed (True without one). The caller holds ``lock`` and has agreed first."""
         executor = self._executor
         # a blocking call's caller waits for its run (it polls); a submitted one's may work beside it
         # (asynchronous.waiting_on, spelt out: a small call's Python is most of its time)
@@ -268,7 +269,7 @@ class Communicator(Planning, Submitting):
                 if parts is not None:
                     executor.run_parts(plan.native, buffer, *parts, options)
                     return True
-                return executor.run(plan.native, buffer, options, out)
+                return executor.run(plan.native, buffer, options, out, source)
             finally:
                 if waits:
                     executor.caller_waits(False)

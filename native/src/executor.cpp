@@ -48,6 +48,12 @@ class Run {
     slots_ = static_cast<size_t>(std::max(1, plan.inflight));
     if (arena.size() < slots_ * slot_bytes_) arena.resize(slots_ * slot_bytes_);
     arena_ = arena.data();
+    if (opt.source != nullptr) {
+      if (tiles(plan, static_cast<size_t>(opt.bytes) / es_))
+        source_ = static_cast<const char*>(opt.source);
+      else if (opt.bytes > 0)
+        std::memcpy(buf_, opt.source, static_cast<size_t>(opt.bytes));
+    }
   }
 
   void go() {
@@ -128,12 +134,24 @@ class Run {
     return static_cast<int>(tag_base_ + seq % tag_span_);
   }
 
+  // Whether the blocks, in order, cover [0, elems) end to end, each its program's extent.
+  static bool tiles(const Plan& plan, size_t elems) {
+    int64_t end = 0;
+    for (const Block& b : plan.blocks) {
+      if (b.offset != end) return false;
+      end += plan.programs[static_cast<size_t>(b.program)].extent;
+    }
+    return end == static_cast<int64_t>(elems);
+  }
+
   ActiveBlock start_block(size_t index, size_t slot) {
     ActiveBlock a;
     a.index = index;
     const Block& b = plan_.blocks[index];
     a.prog = &plan_.programs[static_cast<size_t>(b.program)];
     a.base = buf_ + static_cast<size_t>(b.offset) * es_;
+    if (source_ != nullptr && a.prog->extent > 0)
+      std::memcpy(a.base, source_ + static_cast<size_t>(b.offset) * es_, static_cast<size_t>(a.prog->extent) * es_);
     a.scratch = arena_ + slot * slot_bytes_;
     a.handles.assign(a.prog->steps.size(), kNotPosted);
     for (size_t i = 0; i < a.prog->steps.size(); ++i) {  // post early what cannot conflict
@@ -266,6 +284,7 @@ class Run {
   int64_t tag_base_ = 0, tag_span_ = 1;
   size_t slot_bytes_ = 0, slots_ = 1;
   char* arena_ = nullptr;
+  const char* source_ = nullptr;  // out of place, copied block by block (RunOptions::source)
 };
 
 }  // namespace
@@ -312,6 +331,7 @@ Program make_program(const int64_t* rows, size_t nrows, int64_t scratch_elems, i
       ++last_round;
     }
     p.steps.push_back(s);
+    p.extent = std::max(p.extent, s.offset + s.count);
   }
   p.round_begin.push_back(nrows);
   return p;

@@ -415,8 +415,8 @@ class ShortCalls {
       return dst;
     }
     char* buf = fresh ? to.data : p.own.data();
-    std::memcpy(buf, in.data, e.in_bytes);
     run_planned(e, [&](RunOptions& opt) {
+      opt.source = in.data;  // (copied in block by block: in is never buf, which is new or the entry's own)
       executor_->run(p.plan->plan, buf, opt);
       if (p.options->factor != 1.0) scale(buf, p.plan->extent, p.options->dtype, p.options->factor);
     });

@@ -103,6 +103,65 @@ def test_in_place_out_of_place_and_2d():
         np.testing.assert_array_equal(fresh, want)
 
 
+@pytest.mark.parametrize("algo", ["ring", "rabenseifner"])
+def test_out_of_place_in_many_blocks_leaves_the_input_as_it_was(algo):
+    # the run copies the input into out block by block as each block starts (RunOptions.source)
+    opts = replace(BASE, algo=algo, segment=4096, inflight=3, small_bytes=0)
+    p, n = 3, 100_003
+
+    def body(c):
+        x = contribution(c.rank, n, np.float32, "sum")
+        out = np.full(n, np.nan, np.float32)
+        got = c.allreduce(x, out=out)
+        fresh = c.allreduce(x)
+        shared = np.concatenate([x, [0]]).astype(np.float32)  # an out that overlaps the input: copied first
+        overlapping = c.allreduce(shared[:n], out=shared[1:])
+        return got is out, out, fresh, overlapping, x
+    want = expected(p, n, np.float32, "sum")
+    for r, (same, out, fresh, overlapping, x) in enumerate(run_ok(p, body, opts)):
+        assert same
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(fresh, want)
+        np.testing.assert_array_equal(overlapping, want)
+        np.testing.assert_array_equal(x, contribution(r, n, np.float32, "sum"))
+
+
+def _swap_program(peer: int, count: int) -> "_native.Program":
+    """One round with ``peer``: send [0, count), reduce the peer's [0, count) into it."""
+    kinds = {k: int(getattr(_native.StepKind, k)) for k in ("send", "recv_reduce")}
+    rows = np.zeros((2, len(_native.STEP_FIELDS)), np.int64)
+    field = {f: i for i, f in enumerate(_native.STEP_FIELDS)}
+    for row, kind, scratch in ((rows[0], "send", -1), (rows[1], "recv_reduce", 0)):
+        row[field["kind"]], row[field["peer"]], row[field["count"]] = kinds[kind], peer, count
+        row[field["scratch"]], row[field["wait_sends"]] = scratch, int(kind != "send")
+    return _native.Program(rows, count, 1)
+
+
+def test_a_run_from_a_source_whose_blocks_do_not_tile_takes_it_whole():
+    # two blocks over the same elements (the second reduces the first's sums again) do not tile the buffer: the
+    # source is copied in once, before the run; copied again as the second block started, it would undo the first
+    n = 5
+    hub = _native.LoopbackHub(2)
+    comms = [Communicator.loopback(hub, r, BASE) for r in range(2)]
+
+    def body(c):
+        plan = _native.Pipeline([_swap_program(1 - c.rank, n)], np.array([[0, 0], [0, 0]], np.int64), 1)
+        source = np.arange(n, dtype=np.float32) * (c.rank + 1)
+        buffer = np.full(n, np.nan, np.float32)
+        options = _native.RunOptions(_native.DType.float32, _native.ReduceOp.sum, 20.0, "twice")
+        with pytest.raises(ValueError, match="same elements"):
+            c._executor.run(plan, np.zeros(n + 1, np.float32), options, source=source)
+        with pytest.raises(ValueError, match="overlaps"):
+            c._executor.run(plan, buffer, options, source=buffer)
+        c._executor.run(plan, buffer, options, source=source)
+        return buffer, source
+    results, errors = spawn_on(comms, body)
+    assert errors == [None, None]
+    for r, (buffer, source) in enumerate(results):
+        np.testing.assert_array_equal(buffer, np.arange(n) * 3 * 2)  # (x0 + x1), then that summed on both
+        np.testing.assert_array_equal(source, np.arange(n) * (r + 1))
+
+
 def test_non_contiguous_input_is_copied_not_modified():
     def body(c):
         base = np.arange(40, dtype=np.float32).reshape(10, 4) + c.rank

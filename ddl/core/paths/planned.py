@@ -157,8 +157,8 @@ class Planned:
             # (the run alone was 5 % shorter on T1's 16 MiB: the round lines the ranks up first)
             with comm.plan_check.timed(a.nbytes):
                 comm.agree(k.text, call.problem)
-                work, direct = work_buffer(a, out)
-                self.allreduce(work, k.dtype, k.op, k.text, k.factor)
+                work, direct, source = work_buffer(a, out)
+                self.allreduce(work, k.dtype, k.op, k.text, k.factor, source)
             if check is not None:
                 check_against_mpi(comm.mpi_comm, comm.rank, comm.size, check, original, work, call.op, k.text)
         return deliver(work.reshape(a.shape), out, direct)
@@ -173,12 +173,12 @@ class Planned:
                 comm.execute(plan, raw(work), options)
         return deliver(work.reshape(a.shape), out, False)
 
-    def allreduce(self, flat: np.ndarray, dtype, op, text: str, factor: float = 1.0) -> None:
-        """ddl's own allreduce of a contiguous 1-D buffer, in place, with no agreement round (the caller holds
-        ``lock`` and has agreed)."""
+    def allreduce(self, flat: np.ndarray, dtype, op, text: str, factor: float = 1.0, source=None) -> None:
+        """ddl's own allreduce of a contiguous 1-D buffer, in place (or from ``source``, as many elements
+        elsewhere: Executor.run), with no agreement round (the caller holds ``lock`` and has agreed)."""
         if flat.size:
             self.comm.execute(self.comm.allreduce_plan(flat.size, flat.itemsize), raw(flat),
-                              self._options(text, dtype, op, factor))
+                              self._options(text, dtype, op, factor), source=None if source is None else raw(source))
 
     def _broadcast(self, call) -> np.ndarray:
         comm, a, out = self.comm, call.array, call.out

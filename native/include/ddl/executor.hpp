@@ -47,6 +47,7 @@ struct Program {
   std::vector<size_t> round_begin;  // steps of round r: [round_begin[r], round_begin[r + 1])
   int64_t scratch_elems = 0;
   int32_t tags = 1;                 // distinct tags one block uses
+  int64_t extent = 0;               // elements from the block start its steps reach
 };
 
 struct Block {
@@ -92,6 +93,10 @@ struct RunOptions {
   std::vector<RoundSpan>* spans = nullptr;  // when set, one span per block round is appended (not owned)
   int64_t bytes = 0;               // the buffer's size, for the flight recorder
   int64_t check = 0;               // nonzero: the call's hash, checked on receipt (Transport::begin_run)
+  // Out of place: the caller's input (bytes elements' worth, not overlapping the buffer). Each block copies its
+  // range in as it starts where the blocks tile the buffer, so the copy overlaps the blocks before it on the
+  // wire instead of delaying the first; otherwise it is copied whole before the run.
+  const void* source = nullptr;
 };
 
 // One run as the flight recorder keeps it (ddl.core.flight): its number on this executor (the same run has
