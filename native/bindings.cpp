@@ -123,8 +123,8 @@ bool run(Executor& ex, const PyPlan& plan, const py::buffer& buf, const PyRunOpt
   void* ptr = writable_buffer(buf, o.dtype, plan.extent);
   {
     py::gil_scoped_release nogil;  // the buffer stays alive: the caller holds it
+    opt.factor = o.factor;
     ex.run(plan.plan, ptr, opt);
-    if (o.factor != 1.0) scale(ptr, plan.extent, o.dtype, o.factor);
   }
   return !o.header || (opt.header[0] == *o.header && opt.header[1] == -*o.header);
 }

@@ -48,8 +48,9 @@ class Run {
     slots_ = static_cast<size_t>(std::max(1, plan.inflight));
     if (arena.size() < slots_ * slot_bytes_) arena.resize(slots_ * slot_bytes_);
     arena_ = arena.data();
+    tiled_ = (opt.source != nullptr || opt.factor != 1.0) && tiles(plan, static_cast<size_t>(opt.bytes) / es_);
     if (opt.source != nullptr) {
-      if (tiles(plan, static_cast<size_t>(opt.bytes) / es_))
+      if (tiled_)
         source_ = static_cast<const char*>(opt.source);
       else if (opt.bytes > 0)
         std::memcpy(buf_, opt.source, static_cast<size_t>(opt.bytes));
@@ -80,6 +81,7 @@ class Run {
       for (size_t i = 0; i < active.size();) {
         progressed |= advance(active[i]);
         if (active[i].round == active[i].rounds()) {
+          if (opt_.factor != 1.0 && tiled_) scale(active[i].base, active[i].prog->extent, opt_.dtype, opt_.factor);
           if (hooks) hooks->finished(active[i].index);
           free_slots.push_back(slot_of[i]);
           active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
@@ -101,6 +103,7 @@ class Run {
         t_.idle(rest, hooks == nullptr || next == plan_.blocks.size());
       }
     }
+    if (opt_.factor != 1.0 && !tiled_) scale(buf_, opt_.bytes / static_cast<int64_t>(es_), opt_.dtype, opt_.factor);
   }
 
  private:
@@ -285,6 +288,7 @@ class Run {
   size_t slot_bytes_ = 0, slots_ = 1;
   char* arena_ = nullptr;
   const char* source_ = nullptr;  // out of place, copied block by block (RunOptions::source)
+  bool tiled_ = false;            // the blocks cover the buffer end to end (source and factor: block by block)
 };
 
 }  // namespace

@@ -417,8 +417,8 @@ class ShortCalls {
     char* buf = fresh ? to.data : p.own.data();
     run_planned(e, [&](RunOptions& opt) {
       opt.source = in.data;  // (copied in block by block: in is never buf, which is new or the entry's own)
+      opt.factor = p.options->factor;
       executor_->run(p.plan->plan, buf, opt);
-      if (p.options->factor != 1.0) scale(buf, p.plan->extent, p.options->dtype, p.options->factor);
     });
     if (buf != to.data) std::memcpy(to.data, buf, e.in_bytes);
     return dst;

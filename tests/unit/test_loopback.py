@@ -116,10 +116,12 @@ def test_out_of_place_in_many_blocks_leaves_the_input_as_it_was(algo):
         fresh = c.allreduce(x)
         shared = np.concatenate([x, [0]]).astype(np.float32)  # an out that overlaps the input: copied first
         overlapping = c.allreduce(shared[:n], out=shared[1:])
-        return got is out, out, fresh, overlapping, x
+        average = c.allreduce(x, "avg")  # (scaled block by block as each finishes)
+        return got is out, out, fresh, overlapping, x, average
     want = expected(p, n, np.float32, "sum")
-    for r, (same, out, fresh, overlapping, x) in enumerate(run_ok(p, body, opts)):
+    for r, (same, out, fresh, overlapping, x, average) in enumerate(run_ok(p, body, opts)):
         assert same
+        np.testing.assert_allclose(average, want / p, rtol=1e-6)
         np.testing.assert_array_equal(out, want)
         np.testing.assert_array_equal(fresh, want)
         np.testing.assert_array_equal(overlapping, want)
@@ -139,7 +141,8 @@ def _swap_program(peer: int, count: int) -> "_native.Program":
 
 def test_a_run_from_a_source_whose_blocks_do_not_tile_takes_it_whole():
     # two blocks over the same elements (the second reduces the first's sums again) do not tile the buffer: the
-    # source is copied in once, before the run; copied again as the second block started, it would undo the first
+    # source is copied in once, before the run (copied again as the second block started, it would undo the
+    # first), and a factor applied once, after it
     n = 5
     hub = _native.LoopbackHub(2)
     comms = [Communicator.loopback(hub, r, BASE) for r in range(2)]
@@ -154,11 +157,15 @@ def test_a_run_from_a_source_whose_blocks_do_not_tile_takes_it_whole():
         with pytest.raises(ValueError, match="overlaps"):
             c._executor.run(plan, buffer, options, source=buffer)
         c._executor.run(plan, buffer, options, source=source)
-        return buffer, source
+        halved = np.full(n, np.nan, np.float32)  # (scaled once, after the run: not as each block finished)
+        c._executor.run(plan, halved, _native.RunOptions(_native.DType.float32, _native.ReduceOp.sum, 20.0, "twice",
+                                                         factor=0.5), source=source)
+        return buffer, source, halved
     results, errors = spawn_on(comms, body)
     assert errors == [None, None]
-    for r, (buffer, source) in enumerate(results):
+    for r, (buffer, source, halved) in enumerate(results):
         np.testing.assert_array_equal(buffer, np.arange(n) * 3 * 2)  # (x0 + x1), then that summed on both
+        np.testing.assert_array_equal(halved, np.arange(n) * 3)
         np.testing.assert_array_equal(source, np.arange(n) * (r + 1))
 
 

@@ -97,6 +97,9 @@ struct RunOptions {
   // range in as it starts where the blocks tile the buffer, so the copy overlaps the blocks before it on the
   // wire instead of delaying the first; otherwise it is copied whole before the run.
   const void* source = nullptr;
+  // Each element times this once the run is done with it (an average's 1/n): block by block as each block
+  // finishes where the blocks tile the buffer, else over the whole buffer after the run.
+  double factor = 1.0;
 };
 
 // One run as the flight recorder keeps it (ddl.core.flight): its number on this executor (the same run has
