@@ -66,7 +66,7 @@ $(STAMP): $(SOURCES)
 
 bench: $(STAMP)
 	@if $(PY) -c "import sys; del sys.path[0]; from ddl.cluster import available; sys.exit(available() is not None)"; then \
-	  $(PY) benchmarks/topologies.py --topologies T2 --sizes 1K,64K,1M,16M --rounds 3 --out bench-results; \
+	  $(PY) benchmarks/topologies.py --topologies T2 --sizes 1K,64K,1M,16M --rounds 3 --big-repeats 2 --out bench-results; \
 	else \
 	  $(VENV)/bin/ddl-bench --np 4 -b 8 -e 64M -f 2 -n 20 -w 5 -J bench-results.json; \
 	fi

@@ -24,6 +24,8 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--min-seconds", type=float, default=0.3)
     ap.add_argument("--repeats", type=int, default=1, help="measurements per size and algorithm (interleaved)")
+    ap.add_argument("--big-repeats", type=int, help="the same from 1 MiB (default: --repeats): a few calls make "
+                    "one measurement there, where one slow call moves it")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -41,7 +43,7 @@ def main() -> int:
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     wrong = 0
     for nbytes in sizes:
-        for _ in range(args.repeats):
+        for _ in range(args.repeats if nbytes < 1 << 20 or args.big_repeats is None else args.big_repeats):
             for runner in runners:
                 # The first calls after another algorithm ran are slow (caches, the scheduler, and TCP windows:
                 # a connection idle longer than its retransmission timeout starts slow again, Linux's

@@ -94,7 +94,8 @@ class Progress:
 
 
 def run_topology(name: str, t, sizes: list[int], rounds: int, settings: list[dict], progress: Progress,
-                 iters: int, min_seconds: float, repeats: int = 1, no_flags: bool = False) -> dict:
+                 iters: int, min_seconds: float, repeats: int = 1, no_flags: bool = False,
+                 big_repeats: int | None = None) -> dict:
     from ddl.cluster import Cluster
 
     by_round: list[dict[str, dict[int, list[float]]]] = []  # each round's samples: library -> size -> times
@@ -110,7 +111,8 @@ def run_topology(name: str, t, sizes: list[int], rounds: int, settings: list[dic
                 out = cluster.workdir / f"{job['name']}-{r}.json"
                 argv = [str(job["python"]), str(JOB), "--algos", job["algos"], "--out", str(out),
                         "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters),
-                        "--min-seconds", str(min_seconds), "--repeats", str(repeats)]
+                        "--min-seconds", str(min_seconds), "--repeats", str(repeats)] + \
+                    (["--big-repeats", str(big_repeats)] if big_repeats is not None else [])
                 exe = str(Path(job["python"]).parent / "mpiexec")
                 for attempt in (1, 2):
                     done = cluster.mpirun(argv, mpiexec=exe, env={**env, **job["env"]}, timeout=1800, quiet=True,
@@ -155,15 +157,15 @@ def pooled(by_round: list[dict]) -> dict:
                     samples.setdefault(a, {}).setdefault(s, []).extend(v)
     times = {a: {s: statistics.median(v) for s, v in by_size.items()} for a, by_size in samples.items()
              if not a.startswith("ddl@")}
-    every_job: dict[int, list[float]] = {}  # ddl's samples from each job it ran in
-    for a, by_size in samples.items():
-        if a == "ddl" or a.startswith("ddl@"):
-            for s, v in by_size.items():
-                every_job.setdefault(s, []).extend(v)
+    every_job = ddl_samples(samples)
     if every_job:
         times["ddl"] = {s: statistics.median(v) for s, v in every_job.items()}
-    kept = [m for i, m in enumerate(medians) if i not in disturbed]
-    round_ratios = [paired(m) for m in kept]
+    kept_rounds = [i for i in range(len(by_round)) if i not in disturbed]
+    round_ratios = [paired(medians[i]) for i in kept_rounds]  # (each peer against the ddl beside it)
+    # a round's ddl time, as the pooled one: over every job it ran in that round (the main job alone gave one
+    # sample a round at 16 MiB, and one outlier, 369 ms where ddl's other jobs took 277-292, decided the round)
+    kept = [{**medians[i], "ddl": {s: statistics.median(v) for s, v in ddl_samples(by_round[i]).items()}}
+            for i in kept_rounds]
     ratios = {p: {s: statistics.median(r[p][s] for r in round_ratios if s in r.get(p, {})) for s in by_size}
               for p, by_size in round_ratios[0].items()} if round_ratios else {}
     return {"times": times, "samples": samples, "rounds": len(by_round),
@@ -171,6 +173,16 @@ def pooled(by_round: list[dict]) -> dict:
             "round_ratios": round_ratios,
             "spread": {s: spread([m["ddl"][s] for m in kept if s in m.get("ddl", {})])
                        for s in samples.get("ddl", {})} if len(kept) > 1 else {}}
+
+
+def ddl_samples(samples: dict) -> dict[int, list[float]]:
+    """ddl's samples per size from every job it ran in (its own, and beside each peer: ddl@<peer>)."""
+    out: dict[int, list[float]] = {}
+    for a, by_size in samples.items():
+        if a == "ddl" or a.startswith("ddl@"):
+            for s, v in by_size.items():
+                out.setdefault(s, []).extend(v)
+    return out
 
 
 def paired(times: dict) -> dict[str, dict[int, float]]:
@@ -316,7 +328,7 @@ def plot(result: dict, bound: dict, nranks: int, title: str, path: Path) -> None
 def prediction(result: dict) -> tuple[list[str], float | None]:
     """The markdown table of ddl's predicted time beside its measured median per size, and the median absolute
     error over sizes >= 1 MiB (None without such sizes). Error = (predicted - measured) / measured."""
-    model, samples = result.get("model"), result["samples"].get("ddl", {})
+    model, samples = result.get("model"), ddl_samples(result["samples"])
     if not model:
         return [], None
     predicted = {int(k): v for k, v in model["predicted"].items()}
@@ -396,6 +408,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=2, help="timed calls at least (after one checked call)")
     ap.add_argument("--min-seconds", type=float, default=0.2, help="and at least this long per measurement")
     ap.add_argument("--repeats", type=int, default=1, help="measurements per size in each job (interleaved)")
+    ap.add_argument("--big-repeats", type=int, help="the same from 1 MiB (default: --repeats)")
     ap.add_argument("--no-flags", action="store_true",
                     help="tell ddl nothing (no DDL_TOPOLOGY): it probes; results in <T>-noflags.*")
     ap.add_argument("--ddl-only", action="store_true", help="ddl alone (for the prediction table): no peers")
@@ -428,7 +441,7 @@ def main(argv=None) -> int:
         t = emulate.topology(name)
         bound = bounds(t, sizes)
         result = run_topology(name, t, sizes, args.rounds, settings, progress, args.iters, args.min_seconds,
-                              args.repeats, args.no_flags)
+                              args.repeats, args.no_flags, args.big_repeats)
         switched = len(t.hierarchy(t.place(None, t.capacity()))[1]) >= 3
         met = report(result, bound, t.capacity(), outdir, command.strip(), switched)
         print("", file=sys.stderr)

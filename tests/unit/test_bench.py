@@ -167,6 +167,27 @@ def test_a_peer_is_compared_with_the_ddl_measured_in_its_own_job():
     assert ok is True and "1.10x vs ompi-tuned" in measured
 
 
+def test_a_rounds_ddl_time_and_the_prediction_pool_every_job_ddl_ran_in():
+    """make bench: ddl's time in a round is the median of its samples from every job of that round (its own and
+    beside each peer), as the pooled time is; one slow call of the main job no longer decides a round."""
+    topologies = _topologies()
+    big = 16 << 20
+
+    def rnd(main, beside):  # microseconds: ddl in the main job and beside ompi-tuned, two measurements each
+        return {"ddl": {big: main}, "ompi-han": {big: [800e3, 800e3]}, "ddl@ompi-tuned": {big: beside},
+                "ompi-tuned": {big: [700e3, 700e3]}}
+    result = topologies.pooled([rnd([370e3, 280e3], [277e3, 276e3]), rnd([277e3, 279e3], [276e3, 278e3]),
+                                rnd([383e3, 281e3], [275e3, 277e3])])
+    assert [m["ddl"][big] for m in result["round_times"]] == [278.5e3, 277.5e3, 279e3]
+    assert result["ratios"]["ompi-han"][big] == pytest.approx(325e3 / 800e3)  # (paired within the main job)
+    verdicts = {t: (ok, m) for t, ok, m in topologies.decided("T2", result, {big: (0.268, "")})}
+    ok, measured = verdicts[">= 85% of the lower bound, >= 16 MiB"]
+    assert ok is True and "rounds" not in measured  # every round met it (with the main job's alone: 1 of 3)
+    result["model"] = {"predicted": {str(big): 270e3}, "levels": [], "tree_source": "topology"}
+    _, error = topologies.prediction(result)
+    assert error == pytest.approx(abs(270e3 - 277.5e3) / 277.5e3)  # the median of all 12 samples
+
+
 def _topologies():
     """benchmarks/topologies.py, loaded as a module (benchmarks/ is not a package)."""
     where = Path(__file__).resolve().parents[2] / "benchmarks" / "topologies.py"
