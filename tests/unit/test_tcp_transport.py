@@ -328,6 +328,19 @@ def test_a_run_of_broadcasts_checked_on_receipt_is_right():
             np.testing.assert_array_equal(b, np.full(10_000, (k % 3) * 10 + k))
 
 
+def test_messages_queued_in_a_socket_are_read_ahead_and_each_lands_whole():
+    # over sockets alone (no shared pipes), a root that runs ahead queues messages of every size: one recv
+    # takes several small ones and the start of the next (Peer::inbox); bodies of 8 KiB or more go straight
+    # into place, after the part the read-ahead already took
+    cs = [Communicator(_native.Executor.tcp(t), r, 3, BASE) for r, t in enumerate(connected(3, via=(LOOP,), pipe=0))]
+    sizes = [1, 125, 1023, 1024, 1025, 3000, 7, 2500] * 4  # int64 elements: 8 B to 24 KiB, across the inbox's size
+    got = run_ok(cs, lambda c: [c.broadcast(np.arange(n, dtype=np.int64) * (k + 1) + c.rank, root=0)
+                                for k, n in enumerate(sizes)])
+    for g in got:
+        for k, (b, n) in enumerate(zip(g, sizes)):
+            np.testing.assert_array_equal(b, np.arange(n) * (k + 1))
+
+
 def test_known_calls_across_hosts_run_natively_and_equal_numpy(monkeypatch):
     """After its first call, a known checked broadcast (new result, another out, in place), an allreduce that
     rides (avg) and a checked one (sum into out), an allgather and a reduce-scatter (uneven parts) that ride

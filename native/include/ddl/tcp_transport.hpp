@@ -132,6 +132,12 @@ class TcpTransport final : public Transport {
     std::vector<char> unexpected;
     bool closed = false;
     std::unique_ptr<SharedPipe> pipe;  // a peer of this host: its bytes go through here, the socket wakes
+    // A socket's bytes read ahead (take): one recv brings a small message's header, body and what follows;
+    // bodies of kInboxBytes or more go straight into place. dry: a recv of this drain came back short, so the
+    // socket was empty then (no recv just to hear EAGAIN; level-triggered epoll reports what came since).
+    std::vector<char> inbox;
+    size_t inbox_at = 0, inbox_end = 0;
+    bool dry = false;
   };
 
   Handle take_slot();
