@@ -92,12 +92,13 @@ bool run(Executor& ex, const PyPlan& plan, const py::buffer& buf, const PyRunOpt
   if (!source.is_none()) {  // out of place (RunOptions::source): the same bytes as the buffer, elsewhere
     if (o.group != nullptr || o.header || !out.is_none())
       throw std::invalid_argument("a run from a source is a plain one: no staging, no header, no out");
-    const int64_t n = elements(buf, o.dtype);
-    if (elements(py::reinterpret_borrow<py::buffer>(source), o.dtype) != n || n != plan.extent)
+    const auto src = py::reinterpret_borrow<py::buffer>(source);
+    const int64_t n = elements(buf, o.dtype), given = elements(src, o.dtype);
+    if (given != n || n != plan.extent)
       throw std::invalid_argument("source, buffer and plan must hold the same elements (source " +
-                                  std::to_string(elements(py::reinterpret_borrow<py::buffer>(source), o.dtype)) +
-                                  ", buffer " + std::to_string(n) + ", plan " + std::to_string(plan.extent) + ")");
-    opt.source = contiguous_buffer(py::reinterpret_borrow<py::buffer>(source), o.dtype, n, false);
+                                  std::to_string(given) + ", buffer " + std::to_string(n) + ", plan " +
+                                  std::to_string(plan.extent) + ")");
+    opt.source = contiguous_buffer(src, o.dtype, n, false);
     const char* from = static_cast<const char*>(opt.source);
     const char* to = static_cast<const char*>(contiguous_buffer(buf, o.dtype, n, false));
     if (from < to + opt.bytes && to < from + opt.bytes) throw std::invalid_argument("source overlaps the buffer");
