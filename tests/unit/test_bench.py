@@ -189,9 +189,28 @@ def test_a_rounds_ddl_time_and_the_prediction_pool_every_job_ddl_ran_in():
 
 
 def _topologies():
-    """benchmarks/topologies.py, loaded as a module (benchmarks/ is not a package)."""
-    where = Path(__file__).resolve().parents[2] / "benchmarks" / "topologies.py"
-    spec = importlib.util.spec_from_file_location("topologies", where)
-    topologies = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(topologies)
-    return topologies
+    return _benchmark("topologies")
+
+
+def _benchmark(name: str):
+    """benchmarks/NAME.py, loaded as a module (benchmarks/ is not a package)."""
+    where = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, where)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("how, expected_ms", [("bound", None), ("measured", 0.0), ("750", 750.0)])
+def test_the_training_jobs_compute_is_the_allreduces_lower_bound_unless_asked(monkeypatch, how, expected_ms):
+    training = _benchmark("training")
+    nbytes = training.gradient_bytes()
+    assert 100e6 < nbytes < 105e6  # ResNet-50's ~25.6 M float32 gradients
+    # T1: 4 nodes on one switch, 1 Gbit/s NICs; an allreduce's busiest NIC carries 2 (4-1)/4 of the bytes
+    bound_s = 2 * 3 / 4 * nbytes * 8 / 1e9
+    asked = []
+    monkeypatch.setattr(training, "run_job", lambda name, job, args: asked.append(args) or {"steps": {}})
+    result = training.run("T1", 3, how)
+    compute_ms = float(asked[0][asked[0].index("--compute-ms") + 1])
+    assert compute_ms == pytest.approx(bound_s * 1e3 if expected_ms is None else expected_ms, rel=0.01)
+    assert result["bound"] == pytest.approx(bound_s, rel=0.01) and result["compute_from"] == how
