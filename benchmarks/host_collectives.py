@@ -20,6 +20,9 @@ import numpy as np
 COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter")
 SIZES = (8, 1 << 10, 8 << 10, 64 << 10, 1 << 20, 16 << 20)  # on the emulated clusters (64 MiB there: seconds per call)
 ONE_HOST_SIZES = SIZES + (64 << 20,)
+# below 1 MiB a measurement takes a few hundred milliseconds, and a median of a few such moved by 20-30 % from run
+# to run on this 2-core machine (MPI's 8 B broadcast on T2: 35-103 us in one job): three times the repeats there
+SMALL_BELOW, SMALL_REPEATS = 1 << 20, 3
 
 
 def worker(repeats: int, sizes: tuple[int, ...] = SIZES) -> dict:
@@ -38,7 +41,7 @@ def worker(repeats: int, sizes: tuple[int, ...] = SIZES) -> dict:
             samples = {(a, k): [] for a in runners for k in ("out", "in")}
             busbw = []
             iters = max(2, min(2000, (1 << 24) // nbytes))
-            for _ in range(repeats):
+            for _ in range(repeats * (SMALL_REPEATS if nbytes < SMALL_BELOW else 1)):
                 for a, runner in runners.items():
                     rec = measure(runner, comm, nbytes // 4, np.dtype(np.float32), "sum", iters, 1, True, 0.02)
                     assert rec["out_wrong"] == 0 and rec["in_wrong"] == 0, f"{a} {collective} {nbytes}: wrong"
@@ -140,7 +143,7 @@ def main() -> int:
     what = f"--topologies {args.topologies}" if args.topologies else f"--ranks {' '.join(map(str, args.ranks))}"
     command = f"python benchmarks/{os.path.basename(__file__)} {what} --repeats {args.repeats}"
     text = "\n\n".join(parts) + f"\n\nCommand: `{command}`; float32, sum; median of {args.repeats} alternating " \
-        f"repeats.\n"
+        f"repeats ({args.repeats * SMALL_REPEATS} below {SMALL_BELOW >> 20} MiB).\n"
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
