@@ -59,8 +59,8 @@ constexpr int64_t kNoticeTag = static_cast<int64_t>(kTagMask), kAbortTag = kNoti
                   kOverTag = kNoticeTag - 2;  // starting over: its run field is the epoch
 constexpr int64_t kRaisedIn = int64_t{1} << 62;  // a start-over's last run is one its sender raised in
 constexpr size_t kNoticeBytes = 256;  // a notice: the call's hash and (the start of) its text
-// Runs checked on receipt (see the header): one in kRunAhead waits for the previous rank's notice (as deep as
-// the host memory level's run-ahead); a run that waits kAskAfter sends its notice to every rank. On the emulated
+// Runs checked on receipt (see the header): one in kRunAhead waits for the previous rank's notice; a run that
+// waits kAskAfter sends its notice to every rank. On the emulated
 // T1 (8 ranks, 2 cores) a notice every run cost an 8 B broadcast 800-860 us a call against 280-310 without
 // (its ride in the agreement round: 540-600).
 constexpr auto kAskAfter = std::chrono::milliseconds(25);
@@ -68,7 +68,9 @@ constexpr auto kAskAfter = std::chrono::milliseconds(25);
 // naming its own alone (the sender may not be calling ddl any more).
 constexpr auto kForeignWait = std::chrono::milliseconds(200);
 constexpr auto kStalled = std::chrono::milliseconds(200);  // (abandon_run)
-constexpr size_t kHistory = 1024;  // runs remembered: more than ranks ahead of each other by kRunAhead each
+// Runs remembered (to compare a late notice with): more than ranks ahead of each other by kRunAhead each, as in
+// a chain of 64.
+constexpr size_t kHistory = 64 * TcpTransport::kRunAhead;
 const std::string kUnix = "unix";     // a candidate address: the peer's Unix socket on this host
 
 struct Hello {

@@ -317,6 +317,33 @@ def test_a_rank_that_skips_a_small_broadcast_makes_every_rank_raise_and_the_next
         np.testing.assert_array_equal(total, np.full(2, 6.0))
 
 
+def test_a_root_runs_ahead_at_most_run_ahead_calls_and_late_ranks_get_every_call_in_order():
+    """The root of small broadcasts waits for nobody but the previous rank's notice, one call in RUN_AHEAD: while
+    the others sleep it finishes no more than RUN_AHEAD calls; the messages of the calls it ran ahead with wait
+    for their receivers, each read by its own call (fails if the root waits no notice, or an early message is
+    read by a later call)."""
+    cs = comms(4, hierarchy=[[0, 1], [2, 3]])
+    assert "checked on receipt" in cs[0].explain(8, "broadcast").path
+    ahead = _native.TcpTransport.RUN_AHEAD
+    calls = 2 * ahead + 3
+    done = [0]
+
+    def body(c):
+        seen, led = [], None
+        if c.rank:
+            time.sleep(0.5)
+            led = done[0]
+        for k in range(calls):
+            seen.append(c.broadcast(np.full(2, k if c.rank == 0 else -1, np.int32), root=0)[0])
+            if c.rank == 0:
+                done[0] = k + 1
+        return seen, led
+
+    got = run_ok(cs, body)
+    assert all(seen == list(range(calls)) for seen, _ in got)
+    assert all(led <= ahead for _, led in got[1:]), [led for _, led in got]
+
+
 def test_a_run_of_broadcasts_checked_on_receipt_is_right():
     cs = comms(3)
     assert "checked on receipt" in cs[0].explain(8 * 10_000, "broadcast").path
