@@ -106,7 +106,7 @@ class Runner:
     """One way of running the collective, out of place (into ``case.out``) or in place (``case.out`` holds the
     input): ``ddl`` (its own plan), ``ddl-ring`` (ddl forced to one flat ring in rank order; allreduce only),
     ``mpi`` (this MPI's own collective, whatever its components choose) or ``gloo`` (PyTorch's gloo, where
-    torch is installed; allreduce only)."""
+    torch is installed)."""
 
     ALGOS = ("ddl", "ddl-ring", "mpi", "gloo")
 
@@ -115,7 +115,7 @@ class Runner:
             raise ValueError(f"unknown algorithm {algo!r} (known: {', '.join(self.ALGOS)})")
         if collective not in COLLECTIVES:
             raise ValueError(f"unknown collective {collective!r} (known: {', '.join(COLLECTIVES)})")
-        if algo in ("ddl-ring", "gloo") and collective != "allreduce":
+        if algo == "ddl-ring" and collective != "allreduce":
             raise ValueError(f"{algo} is compared on allreduce only, not {collective}")
         self.algo, self.comm, self.collective = algo, comm, collective
         from mpi4py import MPI
@@ -145,6 +145,8 @@ class Runner:
             self._allreduce(x, out, op, inplace)
         elif self.algo == "mpi":
             self._mpi_other(x, out, inplace, root)
+        elif self.algo == "gloo":
+            self.gloo.other(self.collective, x, out, inplace, root)
         else:
             self._ddl_other(x, out, inplace, root)
 
@@ -155,7 +157,7 @@ class Runner:
             (self.ddl or ddl).allreduce(out if inplace else x, op, out=out)
             return
         if self.algo == "gloo":
-            self.gloo(x, out, op, inplace)
+            self.gloo.allreduce(x, out, op, inplace)
             return
         self.comm.Allreduce(self.MPI.IN_PLACE if inplace else x, out, op=self.mpi_op[op])
         if op == "avg":
@@ -205,6 +207,10 @@ def init_torch(comm, backend: str = "gloo") -> None:
     import torch
     import torch.distributed as dist
 
+    if dist.is_initialized():  # (a runner per collective: the group of the first serves them all)
+        if dist.get_backend() != backend:
+            raise RuntimeError(f"torch.distributed already runs {dist.get_backend()}, not {backend}")
+        return
     iface = os.environ.get("DDL_BENCH_IFACE", "eth0" if os.path.exists("/sys/class/net/eth0") else "lo")
     addr = None
     if comm.rank == 0:
@@ -224,22 +230,42 @@ def init_torch(comm, backend: str = "gloo") -> None:
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size)
 
 
-def _gloo_group(comm):
-    """gloo's allreduce over the ranks of ``comm`` (init_torch)."""
-    import torch
-    import torch.distributed as dist
+class _gloo_group:
+    """gloo's collectives over the ranks of ``comm`` (init_torch), on numpy arrays as the other runners take
+    them (nccl-tests' layout: a rank's share of an allgather's or a reduce-scatter's output is its slot)."""
 
-    init_torch(comm)
-    ops = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
-           "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+    def __init__(self, comm):
+        import torch
+        import torch.distributed as dist
 
-    def allreduce(x, out, op, inplace):
+        init_torch(comm)
+        self.comm, self.dist, self.tensor = comm, dist, torch.from_numpy
+        self.ops = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
+                    "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+        # (torch 2.13 renamed the tensor-in, tensor-out pair; earlier ones have only the old names)
+        self.all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self.reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def allreduce(self, x, out, op, inplace):
         if not inplace:
             out[...] = x  # gloo reduces in place: out of place costs it a copy, as it would a user
-        dist.all_reduce(torch.from_numpy(out), op=ops[op])
+        self.dist.all_reduce(self.tensor(out), op=self.ops[op])
         if op == "avg":
-            out /= comm.size
-    return allreduce
+            out /= self.comm.size
+
+    def other(self, collective, x, out, inplace, root):
+        t = self.tensor
+        if collective == "broadcast":
+            if not inplace and self.comm.rank == root:
+                out[...] = x  # as the MPI column: root's send buffer lands in every output
+            self.dist.broadcast(t(out), src=root)
+            return
+        share = out.size // self.comm.size
+        mine = out[self.comm.rank * share:(self.comm.rank + 1) * share]
+        if collective == "allgather":
+            self.all_gather(t(out), t(mine if inplace else x))
+        else:
+            self.reduce_scatter(t(mine), t(out if inplace else x))
 
 
 def combine(comm, local: float, average: int) -> float:

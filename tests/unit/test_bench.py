@@ -214,3 +214,28 @@ def test_the_training_jobs_compute_is_the_allreduces_lower_bound_unless_asked(mo
     compute_ms = float(asked[0][asked[0].index("--compute-ms") + 1])
     assert compute_ms == pytest.approx(bound_s * 1e3 if expected_ms is None else expected_ms, rel=0.01)
     assert result["bound"] == pytest.approx(bound_s, rel=0.01) and result["compute_from"] == how
+
+
+def test_the_cluster_sweep_compares_ddl_with_the_faster_of_mpi_and_gloo_in_each_cell():
+    sweep = _benchmark("host_collectives")
+    sizes = [8, 1024]
+    results = {"sizes": sizes, "host_level": True}
+    for c in sweep.COLLECTIVES:
+        for s in sizes:  # ddl 10 us; MPI 20 us, gloo 40 us, but at 8 B allgather in place gloo 5 us
+            gloo_in = 5.0 if (c, s) == ("allgather", 8) else 40.0
+            results[f"{c} {s}"] = {"ddl_out": 10.0, "ddl_in": 10.0, "mpi_out": 20.0, "mpi_in": 20.0,
+                                   "gloo_out": 40.0, "gloo_in": gloo_in, "busbw": 1.0}
+    text = sweep.table(results, 8, "T1")
+    allgather = next(line for line in text.splitlines() if line.startswith("| allgather | 0"))
+    assert allgather.startswith("| allgather | 0.50 / 2.00 g | 0.50 / 0.50 |")  # 10 / 20 out; 10 / 5 in, gloo's
+    assert "Worst ratio at 8 ranks: 2.00x the faster peer's time" in text
+    assert "| allgather | 20 / 5 | 20 / 40 |" in text  # the peers' own times beside
+    mpi_only = {k: ({f: x for f, x in v.items() if not f.startswith("gloo")} if isinstance(v, dict) else v)
+                for k, v in results.items()}
+    text = sweep.table(mpi_only, 8, "T1")  # one host compares MPI alone: as before
+    assert "Worst ratio at 8 ranks: 0.50x MPI's time" in text and " g" not in text
+    # gloo runs in a job of its own (its threads slowed ddl's broadcast beside it), merged cell by cell
+    assert sweep.jobs(("mpi", "gloo")) == [("ddl", "mpi"), ("gloo",)] and sweep.jobs(("mpi",)) == [("ddl", "mpi")]
+    merged = {"sizes": sizes, "allreduce 8": {"ddl_in": 1.0, "mpi_in": 2.0}}
+    sweep.merge(merged, {"sizes": sizes, "allreduce 8": {"gloo_in": 3.0}})
+    assert merged["allreduce 8"] == {"ddl_in": 1.0, "mpi_in": 2.0, "gloo_in": 3.0}
