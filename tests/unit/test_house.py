@@ -125,7 +125,7 @@ CLI_BAD_INPUT = [
     ["ddl-bench", "-d", "complex"],
     ["ddl-bench", "-N", "0"],
     ["ddl-bench", "--algo", "ddl,nccl2"],
-    ["ddl-bench", "--collective", "broadcast", "--algo", "ddl,gloo"],
+    ["ddl-bench", "--collective", "broadcast", "--algo", "ddl,ddl-ring"],
     ["ddl-bench", "-b", "1M", "-e", "1K"],
     ["ddl-cluster", "frobnicate"],
     ["ddl-trace", "/no/such/folder"],
