@@ -133,7 +133,7 @@ class Runner:
             # its plan check would warn in every job ("ran at 2 % of its prediction") about a choice made here
             self.ddl.plan_check.enabled = False
         if algo == "gloo":
-            self.gloo = _gloo_group(comm)
+            self.gloo = _Gloo(comm)
 
     def supports(self, dtype: np.dtype, op: str = "sum") -> bool:
         if op == "avg" and dtype.kind in "iu":
@@ -230,7 +230,7 @@ def init_torch(comm, backend: str = "gloo") -> None:
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size)
 
 
-class _gloo_group:
+class _Gloo:
     """gloo's collectives over the ranks of ``comm`` (init_torch), on numpy arrays as the other runners take
     them (nccl-tests' layout: a rank's share of an allgather's or a reduce-scatter's output is its slot)."""
 
