@@ -24,7 +24,7 @@ ONE_HOST_SIZES = SIZES + (64 << 20,)
 # below 1 MiB a measurement takes a few hundred milliseconds, and a median of a few such moved by 20-30 % from run
 # to run on this 2-core machine (MPI's 8 B broadcast on T2: 35-103 us in one job): three times the repeats there
 SMALL_BELOW, SMALL_REPEATS = 1 << 20, 3
-# gloo's call costs 2-25 ms where MPI's costs 50-500 us (below 1 MiB on T1): a measurement of it runs calls for
+# gloo's call costs 2-100 ms where MPI's costs 40-2700 us (below 1 MiB on T1 and T2): a measurement of it runs calls for
 # about this long, and its median is of --repeats alone, so that its column does not triple the sweep's time
 GLOO_SECONDS = 0.3
 
