@@ -43,16 +43,17 @@ def worker(repeats: int, sizes: tuple[int, ...] = SIZES, libraries: tuple[str, .
     if "ddl" in libraries:
         ddl.init(comm)
         out.update(host_level=ddl.communicator().host_level, ddl=os.path.dirname(ddl.__file__))  # (which build)
+    gloo_alone = libraries == ("gloo",)  # (its own job: fewer calls, no extra repeats below 1 MiB)
     for collective in COLLECTIVES:
         runners = {a: Runner(a, comm, collective) for a in libraries}
         for nbytes in sizes:
             samples = {(a, k): [] for a in runners for k in ("out", "in")}
             busbw = []
             iters = max(2, min(2000, (1 << 24) // nbytes))
-            if libraries == ("gloo",):  # as many calls as fill GLOO_SECONDS, after one to time
+            if gloo_alone:  # as many calls as fill GLOO_SECONDS, after one to time
                 once = measure(runners["gloo"], comm, nbytes // 4, np.dtype(np.float32), "sum", 1, 1, False)
                 iters = max(2, min(iters, int(GLOO_SECONDS / (once["out_us"] * 1e-6))))
-            small = nbytes < SMALL_BELOW and libraries != ("gloo",)
+            small = nbytes < SMALL_BELOW and not gloo_alone
             for _ in range(repeats * (SMALL_REPEATS if small else 1)):
                 for a, runner in runners.items():
                     rec = measure(runner, comm, nbytes // 4, np.dtype(np.float32), "sum", iters, 1, True, 0.02)

@@ -60,9 +60,8 @@ constexpr int64_t kNoticeTag = static_cast<int64_t>(kTagMask), kAbortTag = kNoti
 constexpr int64_t kRaisedIn = int64_t{1} << 62;  // a start-over's last run is one its sender raised in
 constexpr size_t kNoticeBytes = 256;  // a notice: the call's hash and (the start of) its text
 // Runs checked on receipt (see the header): one in kRunAhead waits for the previous rank's notice; a run that
-// waits kAskAfter sends its notice to every rank. On the emulated
-// T1 (8 ranks, 2 cores) a notice every run cost an 8 B broadcast 800-860 us a call against 280-310 without
-// (its ride in the agreement round: 540-600).
+// waits kAskAfter sends its notice to every rank. On the emulated T1 (8 ranks, 2 cores) a notice every run cost
+// an 8 B broadcast 800-860 us a call against 280-310 without (its ride in the agreement round: 540-600).
 constexpr auto kAskAfter = std::chrono::milliseconds(25);
 // A rank that got a message of another call waits this long for its sender to name that call, then raises
 // naming its own alone (the sender may not be calling ddl any more).
