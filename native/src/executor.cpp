@@ -27,13 +27,23 @@ struct ActiveBlock {
   const Program* prog = nullptr;
   char* base = nullptr;     // the block's first byte in the user buffer
   char* scratch = nullptr;  // this slot's scratch (normal mode) or staging (header mode)
-  std::vector<Handle> handles;
+  Handle* handles = nullptr;  // this slot's row of the run's handles, one per step of the program
   size_t round = 0;
   size_t pending = 0;        // steps of this round not yet done
   size_t sends_pending = 0;  // sends of this round not yet complete
   int64_t round_start = 0;   // clock_ns() when this round began (recorded runs only)
   size_t rounds() const { return prog->round_begin.size() - 1; }
 };
+
+// A run's bookkeeping, kept by the thread between runs so that a small call allocates nothing (a run nested in
+// another's hooks, were there one, gets its own).
+struct RunScratch {
+  std::vector<ActiveBlock> active;
+  std::vector<size_t> free_slots, slot_of;
+  std::vector<Handle> handles;
+  bool busy = false;
+};
+thread_local RunScratch thread_scratch;
 
 class Run {
  public:
@@ -58,13 +68,26 @@ class Run {
   }
 
   void go() {
-    std::vector<ActiveBlock> active;
-    std::vector<size_t> free_slots;
+    RunScratch own;
+    RunScratch& scratch = thread_scratch.busy ? own : thread_scratch;
+    scratch.busy = true;
+    struct Release {
+      RunScratch& s;
+      ~Release() { s.busy = false; }
+    } release{scratch};
+    std::vector<ActiveBlock>& active = scratch.active;
+    std::vector<size_t>& free_slots = scratch.free_slots;
+    std::vector<size_t>& slot_of = scratch.slot_of;
+    active.clear(), free_slots.clear(), slot_of.clear();
     for (size_t s = slots_; s-- > 0;) free_slots.push_back(s);
-    std::vector<size_t> slot_of;
+    size_t steps = 0;
+    for (const Program& p : plan_.programs) steps = std::max(steps, p.steps.size());
+    scratch.handles.resize(slots_ * steps);
+    handles_ = scratch.handles.data(), steps_ = steps;
     size_t next = 0;
-    auto last_progress = Clock::now();
-    auto idle_deadline = last_progress + timeout();
+    // (the clock is read once the run waits: a call whose messages are there when it begins never reads it)
+    bool moved = true;  // progress since the clock was last read: last_progress is the first wait after it
+    Clock::time_point last_progress, idle_deadline;
     BlockHooks* hooks = opt_.hooks;
     while (true) {
       bool progressed = false;
@@ -91,10 +114,10 @@ class Run {
         }
       }
       if (progressed) {
-        last_progress = Clock::now();
-        idle_deadline = last_progress + timeout();
+        moved = true;
       } else {
         const auto now = Clock::now();
+        if (moved) last_progress = now, idle_deadline = now + timeout(), moved = false;
         if (now > idle_deadline) fail(active, next);
         const bool waited_for = waiting_.load(std::memory_order_relaxed) > 0;
         const auto rest = waited_for ? Clock::duration::zero() : std::min(rest_longest_, (now - last_progress) / 8);
@@ -156,7 +179,8 @@ class Run {
     if (source_ != nullptr && a.prog->extent > 0)
       std::memcpy(a.base, source_ + static_cast<size_t>(b.offset) * es_, static_cast<size_t>(a.prog->extent) * es_);
     a.scratch = arena_ + slot * slot_bytes_;
-    a.handles.assign(a.prog->steps.size(), kNotPosted);
+    a.handles = handles_ + slot * steps_;
+    std::fill_n(a.handles, a.prog->steps.size(), kNotPosted);
     for (size_t i = 0; i < a.prog->steps.size(); ++i) {  // post early what cannot conflict
       const Step& s = a.prog->steps[i];
       if (s.kind == StepKind::send) continue;
@@ -287,6 +311,8 @@ class Run {
   int64_t tag_base_ = 0, tag_span_ = 1;
   size_t slot_bytes_ = 0, slots_ = 1;
   char* arena_ = nullptr;
+  Handle* handles_ = nullptr;  // slots_ rows of steps_ (RunScratch)
+  size_t steps_ = 0;
   const char* source_ = nullptr;  // out of place, copied block by block (RunOptions::source)
   bool tiled_ = false;            // the blocks cover the buffer end to end (source and factor: block by block)
 };

@@ -98,6 +98,7 @@ class TcpTransport final : public Transport {
  private:
   struct Op {
     bool done = false;
+    bool socket = false;  // a caller's receive or send on a socket (socket_waits_), not yet tested done
     std::string error;
   };
   struct Send {
@@ -117,6 +118,7 @@ class TcpTransport final : public Transport {
   struct Arrived {  // a message no receive was posted for yet
     int64_t tag;
     std::vector<char> data;
+    int64_t run;  // run_of(tag) as it came
   };
   struct Peer {
     int fd = -1;
@@ -124,6 +126,7 @@ class TcpTransport final : public Transport {
     bool want_write = false;       // EPOLLOUT registered: the socket was full
     std::deque<Recv> posted;       // receives in post order
     std::deque<Arrived> arrived;   // unexpected messages in arrival order
+    bool arrived_in_order = true;  // ... which is run order (a peer's are, but for a notice it answers late)
     // the message coming in now
     int64_t header[2] = {0, 0};
     size_t header_got = 0;
@@ -172,9 +175,12 @@ class TcpTransport final : public Transport {
   static bool unfinished(int64_t said, int64_t run);
   void tell_others(int64_t wire, const std::vector<char>& what);  // a message of the transport's own, to each peer
   void drop_runs_up_to(int64_t last);  // unexpected messages of runs up to `last`: read by none
+  void stash(Peer& peer, int64_t tag, std::vector<char> data);  // an unexpected message, kept (arrived)
   bool begin_body(int p);
   void end_body(int p);
   void wait_events(Clock::duration timeout);  // zero: poll once without waiting
+  void look_at_pipes();                        // shared pipes have no events: drained, flushed each poll
+  void mark_socket_wait(Handle h, int peer);   // h (not done yet) waits on a socket: socket_waits_
   void lost(int p, const std::string& why, bool surely = false);
   void watch(int p, bool write);
 
@@ -187,6 +193,23 @@ class TcpTransport final : public Transport {
   std::vector<Handle> free_;
   Clock::time_point last_moved_ = Clock::now();  // when bytes last went out or came in
   Clock::time_point last_finished_ = Clock::now();  // when a small message last finished going out or coming in
+  Clock::time_point last_socket_poll_ = Clock::now();  // when epoll last looked at the sockets
+  std::vector<std::vector<char>> spare_;  // buffers of unexpected messages, for the next (kSpares)
+  bool small_finished_ = false;  // a small message came in since the clock was last read (Moved)
+  // Bytes moved in one drain or flush: the clock is read once at its end (last_moved_, and last_finished_
+  // where a small message finished), not per piece: a rank behind reads tens of messages from a pipe at once.
+  struct Moved {
+    TcpTransport& t;
+    bool any = false, small = false;
+    explicit Moved(TcpTransport& owner) : t(owner) {}
+    ~Moved() {
+      if (!any) return;
+      const auto now = Clock::now();
+      t.last_moved_ = now;
+      if (small || t.small_finished_) t.last_finished_ = now, t.small_finished_ = false;
+    }
+  };
+  int64_t socket_waits_ = 0;  // the caller's receives and sends on sockets not yet tested done (this run's)
   // runs checked on receipt
   int64_t run_ = 0, check_ = 0;  // this rank's latest run and its check (0: none)
   bool in_run_ = false, settled_ = true;
@@ -207,6 +230,7 @@ class TcpTransport final : public Transport {
   std::string told_;                       // what differed, as the ranks tell each other (since starting over)
   int64_t epoch_ = 0, announced_ = 0;      // times the ranks started over; the epoch this rank last announced
   int64_t dead_upto_ = 0;                  // runs up to this one were abandoned when the ranks last started over
+  bool stale_ = false;                     // a run was abandoned: its messages may wait unread (drop_runs_up_to)
   std::map<std::pair<int64_t, int>, int64_t> over_;  // (epoch, rank) -> that rank's last run, as it started over
                                                       // (with kRaisedIn where it raised in that run)
 };
