@@ -344,6 +344,27 @@ def test_a_root_runs_ahead_at_most_run_ahead_calls_and_late_ranks_get_every_call
     assert all(led <= ahead for _, led in got[1:]), [led for _, led in got]
 
 
+def test_late_ranks_read_queued_broadcasts_of_every_size_from_their_pipes():
+    """The root runs ahead through the shared pipes with broadcasts of changing sizes (8 B to 24 KiB) while the
+    others sleep: each late rank reads them queued, each into a buffer kept from earlier ones where it fits (the
+    transport's spares: larger, smaller, new), and every call gets its own bytes (fails if a kept buffer keeps an
+    earlier call's length or bytes)."""
+    cs = comms(3)
+    sizes = [1, 512, 3, 3072, 2, 511, 513, 1, 4096] * 3  # int64 elements: around the spares' 4 KiB, and above
+    expect = [np.arange(n, dtype=np.int64) * 7 + k for k, n in enumerate(sizes)]
+
+    def body(c):
+        if c.rank:
+            time.sleep(0.3)
+        return [c.broadcast(expect[k] if c.rank == 0 else np.full(n, -1, np.int64), root=0)
+                for k, n in enumerate(sizes)]
+
+    for got in run_ok(cs, body):
+        assert [len(b) for b in got] == sizes
+        for b, e in zip(got, expect):
+            np.testing.assert_array_equal(b, e)
+
+
 def test_a_run_of_broadcasts_checked_on_receipt_is_right():
     cs = comms(3)
     assert "checked on receipt" in cs[0].explain(8 * 10_000, "broadcast").path
