@@ -73,6 +73,7 @@ def table(results: dict, n: int, where: str | None = None) -> str:
 
     sizes = results.get("sizes", SIZES)
     peers = [p for p in ("mpi", "gloo") if f"{p}_in" in results[f"{COLLECTIVES[0]} {sizes[0]}"]]
+    names = [p if p == "gloo" else "MPI" for p in peers]
     title = where or f"{n} ranks on one host (host level {'on' if results['host_level'] else 'OFF'})"
     lines = [f"### {title}", "",
              "| collective | " + " | ".join(format_size(s) for s in sizes) + " |",
@@ -88,7 +89,7 @@ def table(results: dict, n: int, where: str | None = None) -> str:
             cells.append(f"{o:.2f} / {i:.2f}" + (" g" if "gloo" in best.values() else ""))
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     against = "MPI's time" if peers == ["mpi"] else \
-        "the faster peer's time (of " + " and ".join(p if p == "gloo" else "MPI" for p in peers) + \
+        "the faster peer's time (of " + " and ".join(names) + \
         "; g: gloo was the faster in that cell)"
     lines += ["", f"ddl's time / {against} (out of place / in place; below 1: ddl faster). ddl's absolute times "
               "(us, in place) and busbw (GB/s):", "",
@@ -98,7 +99,7 @@ def table(results: dict, n: int, where: str | None = None) -> str:
         lines.append(f"| {c} | " + " | ".join(
             f"{results[f'{c} {s}']['ddl_in']:.1f} us, {results[f'{c} {s}']['busbw']:.2f}" for s in sizes) + " |")
     if len(peers) > 1:
-        lines += ["", "The peers' in-place times (us), " + " / ".join(p if p == "gloo" else "MPI" for p in peers) + ":",
+        lines += ["", "The peers' in-place times (us), " + " / ".join(names) + ":",
                   "", "| collective | " + " | ".join(format_size(s) for s in sizes) + " |",
                   "|---|" + "---:|" * len(sizes)]
         for c in COLLECTIVES:

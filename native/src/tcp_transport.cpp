@@ -617,14 +617,13 @@ void TcpTransport::end_body(int p) {
 void TcpTransport::drain(int p) {
   Peer& peer = peers_[static_cast<size_t>(p)];
   Moved moved(*this);
-  bool took = false;
   peer.dry = false;
   while (!peer.closed) {
     char* at = peer.in_body ? peer.into + peer.body_got : reinterpret_cast<char*>(peer.header) + peer.header_got;
     const size_t want = peer.in_body ? peer.body - peer.body_got : kHeader - peer.header_got;
     const ssize_t k = take(peer, at, want);
     if (k > 0) {
-      took = moved.any = true;
+      moved.any = true;
       if (!peer.in_body) {
         peer.header_got += static_cast<size_t>(k);
         if (peer.header_got == kHeader && begin_body(p)) end_body(p);
@@ -643,7 +642,7 @@ void TcpTransport::drain(int p) {
     lost(p, errno_text(errno));
     return;
   }
-  if (took && peer.pipe && peer.pipe->wake_after_read()) nudge(peer.fd);  // its writer waits for room
+  if (moved.any && peer.pipe && peer.pipe->wake_after_read()) nudge(peer.fd);  // its writer waits for room
 }
 
 ssize_t TcpTransport::take(Peer& peer, char* into, size_t n) {
@@ -701,7 +700,6 @@ Handle TcpTransport::recv_wire(void* data, size_t nbytes, int peer, int64_t tag)
     }
     if (match->data.capacity() <= kSpareBytes && spare_.size() < kSpares) spare_.push_back(std::move(match->data));
     from.arrived.erase(match);
-    if (from.arrived.empty()) from.arrived_in_order = true;
     return h;
   }
   if (from.closed && peer != rank_) lost(peer, "closed before this receive", true);
@@ -881,7 +879,6 @@ void TcpTransport::begin_run(int64_t check, const std::string& label, double tim
         a = arrived.erase(a);
       }
     }
-    if (arrived.empty()) peer.arrived_in_order = true;
   }
 }
 
@@ -1068,17 +1065,16 @@ void TcpTransport::tell_others(int64_t tag, const std::vector<char>& what) {
 }
 
 void TcpTransport::drop_runs_up_to(int64_t last) {
-  for (Peer& peer : peers_) {
+  for (Peer& peer : peers_)
     peer.arrived.erase(std::remove_if(peer.arrived.begin(), peer.arrived.end(),
                                       [&](const Arrived& a) { return a.run <= last; }),
                        peer.arrived.end());
-    if (peer.arrived.empty()) peer.arrived_in_order = true;
-  }
 }
 
 void TcpTransport::stash(Peer& peer, int64_t tag, std::vector<char> data) {
   const int64_t run = run_of(tag);
-  if (!peer.arrived.empty() && run < peer.arrived.back().run) peer.arrived_in_order = false;
+  // (removing messages keeps a queue in order; an empty one is in order again)
+  peer.arrived_in_order = peer.arrived.empty() || (peer.arrived_in_order && run >= peer.arrived.back().run);
   peer.arrived.push_back(Arrived{tag, std::move(data), run});
 }
 

@@ -126,7 +126,8 @@ class TcpTransport final : public Transport {
     bool want_write = false;       // EPOLLOUT registered: the socket was full
     std::deque<Recv> posted;       // receives in post order
     std::deque<Arrived> arrived;   // unexpected messages in arrival order
-    bool arrived_in_order = true;  // ... which is run order (a peer's are, but for a notice it answers late)
+    bool arrived_in_order = true;  // ... which is run order (a peer's are, but for a notice it answers late;
+                                   // kept by stash)
     // the message coming in now
     int64_t header[2] = {0, 0};
     size_t header_got = 0;
