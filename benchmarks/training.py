@@ -128,28 +128,63 @@ def report(results: list[dict], command: str, path: Path) -> list[tuple[str, boo
     return met
 
 
+def bucket_times(steps: list[list]) -> list[dict]:
+    """Per bucket, medians over the steps (each a list of (index, bytes, ready, done) in bucket order, times from
+    the step's start): ``ready``, ``done``, ``own`` (its allreduce alone: from the later of its ready and the one
+    before's done, to its done) and ``idle`` (the network's wait for backward before it: how long after the
+    bucket before finished this one was handed over; 0 for the first, whose wait is the step's start)."""
+    out = []
+    for k in range(len(steps[0])):
+        own, idle = [], []
+        for s in steps:
+            before = s[k - 1][3] if k else None
+            start = s[k][2] if before is None else max(s[k][2], before)
+            own.append(s[k][3] - start)
+            idle.append(0.0 if before is None else max(0.0, s[k][2] - before))
+        out.append({"bytes": steps[0][k][1], "ready": statistics.median(s[k][2] for s in steps),
+                    "done": statistics.median(s[k][3] for s in steps), "own": statistics.median(own),
+                    "idle": statistics.median(idle)})
+    return out
+
+
 def bucket_lines(results: list[dict]) -> list[str]:
     """Where each DDP bucket's time went (--buckets): median over the steps of when backward handed it over and
-    when its allreduce finished (rank 0's clock, from the step's start), and how long it was on the wire or
-    queued behind the one before."""
-    rows = []
+    when its allreduce finished (rank 0's clock, from the step's start), how long its allreduce took once the
+    one before had finished (against that allreduce's lower bound on the topology), and how long the network
+    had waited for backward before it."""
+    rows, sums = [], []
     for r in results:
         for config, steps in r.get("buckets", {}).items():
             if not steps:
                 continue
-            for k in range(len(steps[0])):
-                _, nbytes, *_ = steps[0][k]
-                ready = statistics.median(s[k][2] for s in steps)
-                done = statistics.median(s[k][3] for s in steps)
-                rows.append(f"| {r['topology']} | {LABELS[config]} | {k} | {nbytes / 1e6:.1f} | {ready * 1e3:.0f} | "
-                            f"{done * 1e3:.0f} | {(done - ready) * 1e3:.0f} |")
+            buckets = bucket_times(steps)
+            for k, b in enumerate(buckets):
+                bound = allreduce_bound(r["topology"], b["bytes"])
+                rows.append(f"| {r['topology']} | {LABELS[config]} | {k} | {b['bytes'] / 1e6:.1f} | "
+                            f"{b['ready'] * 1e3:.0f} | {b['done'] * 1e3:.0f} | {(b['done'] - b['ready']) * 1e3:.0f} | "
+                            f"{b['own'] * 1e3:.0f} ({bound / b['own']:.0%}) | {b['idle'] * 1e3:.0f} |")
+            bound = sum(allreduce_bound(r["topology"], b["bytes"]) for b in buckets)
+            sums.append(f"{r['topology']}, {LABELS[config]}: the network waited {sum(b['idle'] for b in buckets) * 1e3:.0f}"
+                        f" ms for backward between buckets; the buckets' allreduces took "
+                        f"{sum(b['own'] for b in buckets) * 1e3:.0f} ms ({bound / sum(b['own'] for b in buckets):.0%} of "
+                        f"their bounds); from the last bucket's end to the step's, {_tail(r, config, buckets) * 1e3:.0f} ms.")
     if not rows:
         return []
     return ["", "Each DDP bucket (`--buckets`: DDP's average through a comm hook that notes the times; medians over "
-            "the steps, rank 0): when backward handed it over, when its allreduce finished, and the time between "
-            "(queued behind the bucket before it, then on the wire).", "",
-            "| topology | configuration | bucket | MB | ready (ms) | done (ms) | ready to done (ms) |",
-            "|:---|:---|---:|---:|---:|---:|---:|", *rows]
+            "the steps, rank 0): when backward handed it over, when its allreduce finished, the time between "
+            "(queued behind the bucket before it, then on the wire), its allreduce alone (from the later of its "
+            "ready and the bucket before's done; in brackets its lower bound over that time, above 100 % where it began "
+            "before the bucket before had finished: gloo keeps two in flight) and how long the network had waited "
+            "for backward before it.", "",
+            "| topology | configuration | bucket | MB | ready (ms) | done (ms) | ready to done (ms) | "
+            "its allreduce (ms) | network waited (ms) |",
+            "|:---|:---|---:|---:|---:|---:|---:|---:|---:|", *rows, "", *(f"- {line}" for line in sums)]
+
+
+def _tail(r: dict, config: str, buckets: list[dict]) -> float:
+    """The step (median, slowest rank) after its last bucket finished (rank 0's clock): DDP copying the results
+    back, the optimizer's step."""
+    return statistics.median(r["steps"][config]) - buckets[-1]["done"] if config in r.get("steps", {}) else 0.0
 
 
 def write_report(lines: list[str], met: list[tuple[str, bool, str]], results: list[dict], path: Path) -> None:

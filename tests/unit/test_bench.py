@@ -239,3 +239,19 @@ def test_the_cluster_sweep_compares_ddl_with_the_faster_of_mpi_and_gloo_in_each_
     merged = {"sizes": sizes, "allreduce 8": {"ddl_in": 1.0, "mpi_in": 2.0}}
     sweep.merge(merged, {"sizes": sizes, "allreduce 8": {"gloo_in": 3.0}})
     assert merged["allreduce 8"] == {"ddl_in": 1.0, "mpi_in": 2.0, "gloo_in": 3.0}
+
+
+def test_a_buckets_own_allreduce_starts_when_it_is_ready_or_when_the_one_before_finishes():
+    training = _benchmark("training")
+    # two steps of three buckets (index, bytes, ready s, done s): bucket 1 is queued behind bucket 0 in the first
+    # step (ready 0.30, bucket 0 done 0.40) and waits for backward in the second (ready 0.50, bucket 0 done 0.45)
+    steps = [[(0, 100, 0.10, 0.40), (1, 200, 0.30, 0.70), (2, 300, 0.90, 1.00)],
+             [(0, 100, 0.12, 0.45), (1, 200, 0.50, 0.75), (2, 300, 0.80, 1.10)]]
+    b = training.bucket_times(steps)
+    assert [x["bytes"] for x in b] == [100, 200, 300]
+    assert b[0]["own"] == pytest.approx((0.30 + 0.33) / 2) and b[0]["idle"] == 0.0
+    assert b[1]["own"] == pytest.approx((0.30 + 0.25) / 2)  # 0.70 - 0.40, 0.75 - 0.50
+    assert b[1]["idle"] == pytest.approx((0.0 + 0.05) / 2)
+    assert b[2]["own"] == pytest.approx((0.10 + 0.30) / 2)  # 1.00 - 0.90, 1.10 - 0.80
+    assert b[2]["idle"] == pytest.approx((0.20 + 0.05) / 2)
+    assert b[1]["ready"] == pytest.approx(0.40) and b[2]["done"] == pytest.approx(1.05)
