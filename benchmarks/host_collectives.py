@@ -92,12 +92,13 @@ def table(results: dict, n: int, where: str | None = None) -> str:
         "the faster peer's time (of " + " and ".join(names) + \
         "; g: gloo was the faster in that cell)"
     lines += ["", f"ddl's time / {against} (out of place / in place; below 1: ddl faster). ddl's absolute times "
-              "(us, in place) and busbw (GB/s):", "",
+              "(us, out of place / in place) and in-place busbw (GB/s):", "",
               "| collective | " + " | ".join(format_size(s) for s in sizes) + " |",
               "|---|" + "---:|" * len(sizes)]
     for c in COLLECTIVES:
         lines.append(f"| {c} | " + " | ".join(
-            f"{results[f'{c} {s}']['ddl_in']:.1f} us, {results[f'{c} {s}']['busbw']:.2f}" for s in sizes) + " |")
+            f"{results[f'{c} {s}']['ddl_out']:.1f} / {results[f'{c} {s}']['ddl_in']:.1f} us, "
+            f"{results[f'{c} {s}']['busbw']:.2f}" for s in sizes) + " |")
     if len(peers) > 1:
         lines += ["", "The peers' in-place times (us), " + " / ".join(names) + ":",
                   "", "| collective | " + " | ".join(format_size(s) for s in sizes) + " |",

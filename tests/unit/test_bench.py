@@ -255,3 +255,13 @@ def test_a_buckets_own_allreduce_starts_when_it_is_ready_or_when_the_one_before_
     assert b[2]["own"] == pytest.approx((0.10 + 0.30) / 2)  # 1.00 - 0.90, 1.10 - 0.80
     assert b[2]["idle"] == pytest.approx((0.20 + 0.05) / 2)
     assert b[1]["ready"] == pytest.approx(0.40) and b[2]["done"] == pytest.approx(1.05)
+
+
+def test_the_cluster_sweep_shows_ddls_own_times_out_of_place_and_in_place():
+    sweep = _benchmark("host_collectives")
+    sizes = [8]
+    results = {"sizes": sizes, "host_level": True}
+    for c in sweep.COLLECTIVES:
+        results[f"{c} 8"] = {"ddl_out": 12.5, "ddl_in": 10.0, "mpi_out": 20.0, "mpi_in": 20.0, "busbw": 0.5}
+    line = next(x for x in sweep.table(results, 8, "T1").splitlines() if x.startswith("| broadcast | 12.5"))
+    assert line == "| broadcast | 12.5 / 10.0 us, 0.50 |"
