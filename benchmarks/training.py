@@ -159,15 +159,14 @@ def bucket_lines(results: list[dict]) -> list[str]:
                 continue
             buckets = bucket_times(steps)
             for k, b in enumerate(buckets):
-                bound = allreduce_bound(r["topology"], b["bytes"])
                 rows.append(f"| {r['topology']} | {LABELS[config]} | {k} | {b['bytes'] / 1e6:.1f} | "
                             f"{b['ready'] * 1e3:.0f} | {b['done'] * 1e3:.0f} | {(b['done'] - b['ready']) * 1e3:.0f} | "
-                            f"{b['own'] * 1e3:.0f} ({bound / b['own']:.0%}) | {b['idle'] * 1e3:.0f} |")
-            bound = sum(allreduce_bound(r["topology"], b["bytes"]) for b in buckets)
-            sums.append(f"{r['topology']}, {LABELS[config]}: the network waited {sum(b['idle'] for b in buckets) * 1e3:.0f}"
-                        f" ms for backward between buckets; the buckets' allreduces took "
-                        f"{sum(b['own'] for b in buckets) * 1e3:.0f} ms ({bound / sum(b['own'] for b in buckets):.0%} of "
-                        f"their bounds); from the last bucket's end to the step's, {_tail(r, config, buckets) * 1e3:.0f} ms.")
+                            f"{b['own'] * 1e3:.0f} ({_of_bound(r, [b])}) | {b['idle'] * 1e3:.0f} |")
+            sums.append(f"{r['topology']}, {LABELS[config]}: the network waited "
+                        f"{sum(b['idle'] for b in buckets) * 1e3:.0f} ms for backward between buckets; the buckets' "
+                        f"allreduces took {sum(b['own'] for b in buckets) * 1e3:.0f} ms ({_of_bound(r, buckets)} of "
+                        f"their bounds); from the last bucket's end to the step's, "
+                        f"{_tail(r, config, buckets) * 1e3:.0f} ms.")
     if not rows:
         return []
     return ["", "Each DDP bucket (`--buckets`: DDP's average through a comm hook that notes the times; medians over "
@@ -179,6 +178,13 @@ def bucket_lines(results: list[dict]) -> list[str]:
             "| topology | configuration | bucket | MB | ready (ms) | done (ms) | ready to done (ms) | "
             "its allreduce (ms) | network waited (ms) |",
             "|:---|:---|---:|---:|---:|---:|---:|---:|---:|", *rows, "", *(f"- {line}" for line in sums)]
+
+
+def _of_bound(r: dict, buckets: list[dict]) -> str:
+    """The buckets' allreduces' lower bound on the topology over the time they took ("-" where it was none: one
+    that finished no later than the bucket before)."""
+    took = sum(b["own"] for b in buckets)
+    return f"{sum(allreduce_bound(r['topology'], b['bytes']) for b in buckets) / took:.0%}" if took > 0 else "-"
 
 
 def _tail(r: dict, config: str, buckets: list[dict]) -> float:

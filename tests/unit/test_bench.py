@@ -265,3 +265,11 @@ def test_the_cluster_sweep_shows_ddls_own_times_out_of_place_and_in_place():
         results[f"{c} 8"] = {"ddl_out": 12.5, "ddl_in": 10.0, "mpi_out": 20.0, "mpi_in": 20.0, "busbw": 0.5}
     line = next(x for x in sweep.table(results, 8, "T1").splitlines() if x.startswith("| broadcast | 12.5"))
     assert line == "| broadcast | 12.5 / 10.0 us, 0.50 |"
+
+
+def test_a_buckets_share_of_its_bound_is_the_topologys_bound_over_its_time():
+    training = _benchmark("training")
+    nbytes = 25_000_000
+    bound_s = 2 * 3 / 4 * nbytes * 8 / 1e9  # T1: the busiest 1 Gbit/s NIC carries 2 (4-1)/4 of the bytes
+    assert training._of_bound({"topology": "T1"}, [{"bytes": nbytes, "own": 2 * bound_s}]) == "50%"
+    assert training._of_bound({"topology": "T1"}, [{"bytes": nbytes, "own": 0.0}]) == "-"  # finished with the one before
