@@ -137,10 +137,10 @@ def bucket_times(steps: list[list]) -> list[dict]:
     for k in range(len(steps[0])):
         own, idle = [], []
         for s in steps:
-            before = s[k - 1][3] if k else None
-            start = s[k][2] if before is None else max(s[k][2], before)
-            own.append(s[k][3] - start)
-            idle.append(0.0 if before is None else max(0.0, s[k][2] - before))
+            ready, done = s[k][2], s[k][3]
+            before = s[k - 1][3] if k else ready  # (the first bucket waits for nothing before it)
+            own.append(done - max(ready, before))
+            idle.append(max(0.0, ready - before))
         out.append({"bytes": steps[0][k][1], "ready": statistics.median(s[k][2] for s in steps),
                     "done": statistics.median(s[k][3] for s in steps), "own": statistics.median(own),
                     "idle": statistics.median(idle)})
