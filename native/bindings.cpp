@@ -439,6 +439,8 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("port", &TcpTransport::port)
       .def_property_readonly("unix_peers", &TcpTransport::unix_peers,
                              "Peers connected over a Unix socket (ranks of this host), once connected.")
+      .def_property_readonly("spins", &TcpTransport::spins,
+                             "Waits of runs a caller waited for that polled on instead of blocking in epoll.")
       .def_property_readonly("shared_peers", &TcpTransport::shared_peers,
                              "Of those, peers read and written through shared memory (a SharedPipe each).")
       .def("connect", &TcpTransport::connect, py::arg("addresses"), py::arg("ports"), py::arg("nonce"),

@@ -397,7 +397,7 @@ void Executor::run(const Plan& plan, void* buf, RunOptions& opt) {
   }
   try {
     const bool resting = rest_longest_ > Clock::duration::zero() && opt.bytes >= rest_from_;
-    t_->begin_run(opt.check, opt.label, opt.timeout_s);
+    t_->begin_run(opt.check, opt.label, opt.timeout_s, opt.bytes);
     Run(*t_, plan, static_cast<char*>(buf), opt, arena_, resting ? rest_longest_ : Clock::duration::zero(), rests_,
         waiting_)
         .go();

@@ -14,6 +14,7 @@ import pytest
 from ddl import DDLError, MismatchError, TransportError, _native
 from ddl.core import tcp
 from ddl.core.communicator import Communicator
+from ddl.core.paths import planned
 from ddl.options import parse
 from ddl import planner
 from ddl.topology import LevelCost
@@ -201,7 +202,6 @@ def test_an_allgather_whose_rows_were_uneven_is_checked_again_after_enough_even_
     """Once rows differed, an allgather is agreed first; EVEN_AGAIN agreed calls in a row with even rows end
     that on every rank alike: it is checked on receipt again (and rows that differ then are recovered from
     again), every answer right throughout."""
-    from ddl.core.paths import planned
 
     monkeypatch.setattr(planned, "EVEN_AGAIN", 3)
     cs, n = comms(4, hierarchy=[[0, 1], [2, 3]]), 15_000
@@ -387,6 +387,31 @@ def test_messages_queued_in_a_socket_are_read_ahead_and_each_lands_whole():
     for g in got:
         for k, (b, n) in enumerate(zip(g, sizes)):
             np.testing.assert_array_equal(b, np.arange(n) * (k + 1))
+
+
+def test_a_large_run_its_caller_waits_for_blocks_at_once_where_a_small_one_polls_first(monkeypatch):
+    # rank 1 comes late to the second of two calls, so rank 0 waits inside its run (the 8 MiB call checked on
+    # receipt too: no agreement round to wait in first). A small call polls a while after its message went out
+    # (the answer is usually that near); an allreduce of 8 MiB blocks at once, though its blocks here are small
+    # messages, as a plan of many levels makes them (polling after each, 8 ranks on 2 cores spun ~0.4
+    # CPU-seconds more per 26 MiB on the emulated T2)
+    monkeypatch.setattr(planned, "CHECKED_UP_TO", 64 << 20)
+    transports = connected(2, via=(LOOP,), pipe=0)
+    options = replace(BASE, segment=64 << 10)
+    cs = [Communicator(_native.Executor.tcp(t), r, 2, options) for r, t in enumerate(transports)]
+
+    def late(c, n, delay):
+        if c.rank == 1:
+            time.sleep(delay)
+        return c.allreduce(contribution(c.rank, n, np.float32, "sum"), "sum")
+
+    for n, polled in ((2 << 20, False), (8, True)):
+        run_ok(cs, lambda c: late(c, n, 0))
+        before = transports[0].spins
+        got = run_ok(cs, lambda c: late(c, n, 0.1))
+        for g in got:
+            np.testing.assert_array_equal(g, expected(2, n, np.float64, "sum"))
+        assert (transports[0].spins > before) == polled, (n, transports[0].spins - before)
 
 
 def test_known_calls_across_hosts_run_natively_and_equal_numpy(monkeypatch):

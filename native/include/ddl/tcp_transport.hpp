@@ -33,7 +33,7 @@
 //
 // Waiting (idle): a run nobody waits for (rest > 0) blocks in epoll up to 1 ms, or rest where longer; a run its
 // caller waits for (rest 0) polls for 400 us after a small message (64 KiB at most) last finished going out or
-// coming in, then blocks the same way. While blocks wait
+// coming in, then blocks the same way; a run of 8 MiB or more blocks at once. While blocks wait
 // on their hooks (the GPU's staging), never longer than rest.
 //
 // Set-up is two-step, so that Python decides where to connect: the constructor listens; connect() gets every
@@ -68,6 +68,8 @@ class TcpTransport final : public Transport {
   int port() const { return port_; }
   int unix_peers() const { return unix_peers_; }  // peers connected over a Unix socket (ranks of this host)
   int shared_peers() const { return static_cast<int>(piped_.size()); }  // ... of which talk through a SharedPipe
+  // Waits of runs a caller waited for that polled on instead of blocking (see Waiting; what the tests can check).
+  int64_t spins() const { return spins_; }
   // Connects to every peer: lower ranks are dialed, higher ranks accepted. addresses[p]: peer p's candidate
   // addresses, tried in order ("unix": its Unix socket, for a peer on this host); ports[p] its TCP port (which
   // also names its Unix socket). pipe_bytes > 0: a peer reached over its Unix socket is read and written through
@@ -86,7 +88,7 @@ class TcpTransport final : public Transport {
   bool test(Handle h) override;
   void idle(Clock::duration rest, bool messages_only) override;
   void abandon() override;
-  void begin_run(int64_t check, const std::string& label, double timeout_s) override;
+  void begin_run(int64_t check, const std::string& label, double timeout_s, int64_t bytes) override;
   bool settled() override;
   const std::string& mismatch() const override { return mismatch_; }
   void end_run() override { in_run_ = false; }
@@ -213,6 +215,8 @@ class TcpTransport final : public Transport {
   int64_t socket_waits_ = 0;  // the caller's receives and sends on sockets not yet tested done (this run's)
   // runs checked on receipt
   int64_t run_ = 0, check_ = 0;  // this rank's latest run and its check (0: none)
+  int64_t run_bytes_ = 0;          // ... and its buffer's size
+  int64_t spins_ = 0;
   bool in_run_ = false, settled_ = true;
   double timeout_s_ = 60.0;        // the latest run's deadline (DDL_TIMEOUT)
   std::string mismatch_;

@@ -68,9 +68,9 @@ class Transport {
   // difference reaches every rank as a CallMismatch. After one, the ranks start over together: each one's
   // next run first agrees a new first number with every other, so no earlier message is ever read again
   // (within timeout_s). Throws CallMismatch at once, after starting over, where an earlier run of this rank's
-  // turned out to be one that others called differently.
-  virtual void begin_run(int64_t check, const std::string& label, double timeout_s) {
-    (void)check, (void)label, (void)timeout_s;
+  // turned out to be one that others called differently. ``bytes``: the run's buffer (how long its waits are).
+  virtual void begin_run(int64_t check, const std::string& label, double timeout_s, int64_t bytes) {
+    (void)check, (void)label, (void)timeout_s, (void)bytes;
   }
   // Whether the run's check has come back (always, for a run without one): a run ends only once it has.
   virtual bool settled() { return true; }
