@@ -11,7 +11,12 @@ own. Per call: the slowest rank's time (median), CPU-seconds (user and system) s
 bytes the hosts sent, on loopback (within a host) and on their NICs. ``--in-a-row``: the calls run back to back
 after one barrier, time = the slowest rank's whole loop / calls (a small call's own cost, no barrier's beside
 it: with 8 ranks on 2 cores a small call's time is the CPU it takes, all ranks' per call / 2). ``--collective
-broadcast``: broadcasts from rank 0 instead.
+broadcast``: broadcasts from rank 0 instead. ``--copies MB``: each library's call once more beside a memory copy of
+MB per rank made while it runs (started asynchronously, the copy, then waited on: DDP's end of backward, which
+copies the earlier buckets' results into the gradients while the last bucket's allreduce runs), and the copy
+alone; on this VM the copy and the transfers share the memory bandwidth as well as the cores.
+
+    python benchmarks/cpu_per_call.py --topology T1 --mbytes 21.1 --copies 81 --calls 8 --transports auto
 """
 import argparse
 import os
@@ -35,7 +40,8 @@ def sent_bytes() -> dict:
     return out
 
 
-def worker(mbytes: float, calls: int, collective: str = "allreduce", in_a_row: bool = False) -> None:
+def worker(mbytes: float, calls: int, collective: str = "allreduce", in_a_row: bool = False,
+           copies: float = 0.0) -> None:
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -62,10 +68,31 @@ def worker(mbytes: float, calls: int, collective: str = "allreduce", in_a_row: b
                          "ddl submitted": lambda: submitted(ddl.broadcast_async(a, root=0)),
                          "gloo": lambda: dist.broadcast(t, 0),
                          "mpi": lambda: comm.Bcast(a, root=0)}}[collective]
+    if copies:
+        source = np.ones(int(copies * 1e6) // 4, np.float32)
+        target = np.empty_like(source)
+
+        def beside_copy(start):  # start() begins the call and returns what waits for it
+            def call():
+                wait = start()
+                np.copyto(target, source)
+                wait()
+            return call
+
+        begin = {"allreduce": {"ddl": lambda: ddl.allreduce_async(a, "sum", out=a).wait,
+                               "gloo": lambda: dist.all_reduce(t, async_op=True).wait,
+                               "mpi": lambda: comm.Iallreduce(MPI.IN_PLACE, a).Wait},
+                 "broadcast": {"ddl": lambda: ddl.broadcast_async(a, root=0).wait,
+                               "gloo": lambda: dist.broadcast(t, 0, async_op=True).wait,
+                               "mpi": lambda: comm.Ibcast(a, root=0).Wait}}[collective]
+        for library, start in begin.items():
+            run[f"{library} beside copy"] = beside_copy(start)
+        run["copy alone"] = lambda: np.copyto(target, source)
 
     rows = []
     # (in a row, a submitted call's time would be its caller's 2 ms naps: left out)
-    for library in [lib for lib in LIBRARIES if not (in_a_row and lib == "ddl submitted")]:
+    libraries = [lib for lib in LIBRARIES if not (in_a_row and lib == "ddl submitted")]
+    for library in libraries + [k for k in run if k not in LIBRARIES]:
         one = run[library]
         one()  # plans, connections, warm caches
         times = []
@@ -109,23 +136,27 @@ def main(argv=None) -> int:
     ap.add_argument("--transports", default="mpi,auto", help="DDL_TRANSPORT settings, one job each")
     ap.add_argument("--collective", choices=("allreduce", "broadcast"), default="allreduce")
     ap.add_argument("--in-a-row", action="store_true", help="calls back to back after one barrier (small calls)")
+    ap.add_argument("--copies", type=float, default=0.0,
+                    help="MB per rank copied in memory beside a second call of each library (DDP's end of backward)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        worker(args.mbytes, args.calls, args.collective, args.in_a_row)
+        worker(args.mbytes, args.calls, args.collective, args.in_a_row, args.copies)
         return 0
     from ddl.cluster import Cluster
     from ddl.cluster import spec as emulate
 
     print(f"{args.topology}, {args.mbytes:g} MB float32 {'sum allreduce' if args.collective == 'allreduce' else 'broadcast'}"
-          f", {args.calls} calls per library{' in a row' if args.in_a_row else ''}\n")
+          f", {args.calls} calls per library{' in a row' if args.in_a_row else ''}"
+          f"{f', and beside a copy of {args.copies:g} MB a rank' if args.copies else ''}\n")
     print("| ddl's transport | library | time (ms) | CPU-s per call, all ranks (user + system) | sent on loopback "
           "(MB) | sent on NICs (MB) |\n|:---|:---|---:|---:|---:|---:|")
     for transport in args.transports.split(","):
         with Cluster(emulate.topology(args.topology)) as cluster:
             done = cluster.mpirun([sys.executable, __file__, "--worker", "--mbytes", str(args.mbytes),
                                    "--calls", str(args.calls), "--collective", args.collective]
-                                  + (["--in-a-row"] if args.in_a_row else []), env={"DDL_TRANSPORT": transport},
+                                  + (["--in-a-row"] if args.in_a_row else []) + ["--copies", str(args.copies)],
+                                  env={"DDL_TRANSPORT": transport},
                                   timeout=900, quiet=True, capture=True)
         if done.returncode:
             print(f"DDL_TRANSPORT={transport}: the job failed ({done.returncode}):\n{done.stderr[-3000:]}",
