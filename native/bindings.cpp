@@ -441,6 +441,18 @@ PYBIND11_MODULE(_native, m) {
                              "Peers connected over a Unix socket (ranks of this host), once connected.")
       .def_property_readonly("spins", &TcpTransport::spins,
                              "Waits of runs a caller waited for that polled on instead of blocking in epoll.")
+      .def_property_readonly("spin_window_us", &TcpTransport::spin_window_us,
+                             "How long a waiting caller polls before it blocks (microseconds; it adapts).")
+      .def_static(
+          "next_spin_window_us",
+          [](int64_t window_us, int64_t spun_us, int64_t blocked_us) {
+            using us = std::chrono::microseconds;
+            return std::chrono::duration_cast<us>(
+                       TcpTransport::next_spin_window(us(window_us), us(spun_us), us(blocked_us)))
+                .count();
+          },
+          py::arg("window_us"), py::arg("spun_us"), py::arg("blocked_us"),
+          "The spin window after a wait that spun spun_us, then blocked blocked_us (the rule spin_window_us follows).")
       .def_property_readonly("shared_peers", &TcpTransport::shared_peers,
                              "Of those, peers read and written through shared memory (a SharedPipe each).")
       .def("connect", &TcpTransport::connect, py::arg("addresses"), py::arg("ports"), py::arg("nonce"),

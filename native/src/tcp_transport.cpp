@@ -47,6 +47,15 @@ constexpr auto kLongestEventWait = std::chrono::milliseconds(1);
 // backward beside it needs. Alternating in one job, 8 B-4 MiB calls took the same time either way on T1
 // (every collective), a 16 MiB allreduce on T2 276-281 ms against 283-300.
 constexpr auto kSpinBeforeBlocking = std::chrono::microseconds(400);
+// ... but no shorter than what the waits turn out to need: where a rank blocked and its message came within the
+// window it had spun (the block was premature: a wake-up on the critical path, and on cores shared with other
+// threads one sleeping rank delays the next, which then sleeps too), the window doubles, up to this; a wait
+// longer than this (a peer really late) sets it back. On the emulated T1, 8 ranks on 2 cores, with gloo's
+// threads in the same processes (torch.distributed's default group beside ddl's: its loop wakes ~100 times a
+// second a rank), 8 B broadcasts in a row took 119-144 us a call blocking after 400 us, 71-74 after 5 ms, as
+// MPI's 70-75 beside them; a 5 ms window throughout cost the ranks waiting for one 20 ms late 12.3 ms of CPU a
+// call against 4.3.
+constexpr auto kSpinAtMost = std::chrono::microseconds(3200);
 constexpr size_t kSpinAfterBytes = 64 << 10;
 // A run of this many bytes or more blocks as soon as it waits, even while its caller waits for it. A large
 // allreduce's pieces are small where a plan has many levels (on the emulated T2, 26 MiB in blocks of 208 KiB:
@@ -245,6 +254,7 @@ TcpTransport::TcpTransport(int rank, int size, const std::string& bind_address, 
       peers_(static_cast<size_t>(size)),
       history_(kHistory),
       told_peer_(static_cast<size_t>(size)) {
+  spin_window_ = kSpinBeforeBlocking;
   const std::string me = "rank " + std::to_string(rank) + ": tcp transport: ";
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (listen_fd_ < 0) throw TransportError(me + "socket: " + errno_text(errno));
@@ -804,7 +814,13 @@ void TcpTransport::idle(Clock::duration rest, bool messages_only) {
   // A caller waits: poll a while (the answer to a small call is usually that near), then block too; ranks
   // that share cores (and a late peer) would otherwise spin the cores the others need. A large run blocks at
   // once: its small messages are pieces of a stream that comes at the link's pace (kBlockFromBytes).
-  if (run_bytes_ >= kBlockFromBytes || Clock::now() - last_finished_ > kSpinBeforeBlocking) {
+  if (run_bytes_ >= kBlockFromBytes) {
+    wait_events(kLongestEventWait);
+    return;
+  }
+  const auto now = Clock::now();
+  if (now - last_finished_ > spin_window_) {
+    if (blocked_since_ == Clock::time_point{}) blocked_since_ = now;
     wait_events(kLongestEventWait);
     return;
   }
@@ -825,8 +841,25 @@ void TcpTransport::abandon() {
 
 // -- runs checked on receipt --------------------------------------------------------------------------------
 
+Clock::duration TcpTransport::next_spin_window(Clock::duration window, Clock::duration spun, Clock::duration blocked) {
+  // (too soon only after spinning the window: a call begun long after the last small message blocks at once)
+  if (spun <= 2 * window && blocked <= window) return std::min<Clock::duration>(2 * window, kSpinAtMost);
+  if (blocked > kSpinAtMost) return kSpinBeforeBlocking;
+  return window;
+}
+
+void TcpTransport::finished_small(Clock::time_point now) {
+  if (blocked_since_ != Clock::time_point{}) {  // this rank had blocked: was it too soon, or was the wait long?
+    spin_window_ = next_spin_window(spin_window_, blocked_since_ - last_finished_, now - blocked_since_);
+    blocked_since_ = Clock::time_point{};
+  }
+  last_finished_ = now;
+  small_finished_ = false;
+}
+
 void TcpTransport::begin_run(int64_t check, const std::string& label, double timeout_s, int64_t bytes) {
   run_bytes_ = bytes;
+  blocked_since_ = Clock::time_point{};  // (a block of the last run's, which ended without a small message)
   socket_waits_ = 0;  // (the last run's operations were all tested done, or abandoned)
   poll();  // (an abort or a start-over already read is acted on before this run starts)
   // An earlier run that others raised for and this rank finished, or raised for itself: all ranks start over

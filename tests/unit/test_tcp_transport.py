@@ -414,6 +414,35 @@ def test_a_large_run_its_caller_waits_for_blocks_at_once_where_a_small_one_polls
         assert (transports[0].spins > before) == polled, (n, transports[0].spins - before)
 
 
+def test_a_waiting_callers_spin_doubles_after_premature_blocks_and_falls_back_after_a_long_wait():
+    # a rank that spun its window (400 us at first), blocked, and had its message within one more window blocked
+    # too soon: the window doubles, to 3.2 ms at most; a wait blocked past that (a peer really late) sets it
+    # back to 400 us; between the two it stays; a call begun long after the last small message blocks at once,
+    # which says nothing about the window
+    rule = _native.TcpTransport.next_spin_window_us
+    windows = [400]
+    for _ in range(4):
+        windows.append(rule(windows[-1], windows[-1] + 20, windows[-1] // 4))
+    assert windows == [400, 800, 1600, 3200, 3200]
+    assert rule(3200, 3300, 3201) == 400 and rule(800, 810, 50_000) == 400
+    assert rule(400, 420, 401) == 400 and rule(1600, 1650, 2000) == 1600 and rule(400, 420, 3200) == 400
+    assert rule(400, 50_000, 10) == 400 and rule(1600, 3200, 100) == 3200 and rule(1600, 3201, 100) == 1600
+    # on a transport: 400 us before any wait; after a call rank 0 waited ~100 ms for, 400 us again
+    transports = connected(2)
+    assert [t.spin_window_us for t in transports] == [400, 400]
+    cs = [Communicator(_native.Executor.tcp(t), r, 2, BASE) for r, t in enumerate(transports)]
+
+    def late(c):
+        if c.rank == 1:
+            time.sleep(0.1)
+        return c.allreduce(np.full(2, c.rank + 1.0), "sum")
+
+    for _ in range(2):
+        for g in run_ok(cs, late):
+            np.testing.assert_array_equal(g, [3.0, 3.0])
+    assert transports[0].spin_window_us == 400
+
+
 def test_known_calls_across_hosts_run_natively_and_equal_numpy(monkeypatch):
     """After its first call, a known checked broadcast (new result, another out, in place), an allreduce that
     rides (avg) and a checked one (sum into out), an allgather and a reduce-scatter (uneven parts) that ride

@@ -70,6 +70,13 @@ class TcpTransport final : public Transport {
   int shared_peers() const { return static_cast<int>(piped_.size()); }  // ... of which talk through a SharedPipe
   // Waits of runs a caller waited for that polled on instead of blocking (see Waiting; what the tests can check).
   int64_t spins() const { return spins_; }
+  // How long a waiting caller polls before it blocks now, in microseconds (it adapts: finished_small).
+  int64_t spin_window_us() const {
+    return std::chrono::duration_cast<std::chrono::microseconds>(spin_window_).count();
+  }
+  // The window after a stretch of waiting that spun `spun` (from the last small message) and then blocked for
+  // `blocked` until the next: doubled where the block was premature, back to the first where the wait was long.
+  static Clock::duration next_spin_window(Clock::duration window, Clock::duration spun, Clock::duration blocked);
   // Connects to every peer: lower ranks are dialed, higher ranks accepted. addresses[p]: peer p's candidate
   // addresses, tried in order ("unix": its Unix socket, for a peer on this host); ports[p] its TCP port (which
   // also names its Unix socket). pipe_bytes > 0: a peer reached over its Unix socket is read and written through
@@ -209,9 +216,14 @@ class TcpTransport final : public Transport {
       if (!any) return;
       const auto now = Clock::now();
       t.last_moved_ = now;
-      if (small || t.small_finished_) t.last_finished_ = now, t.small_finished_ = false;
+      if (small || t.small_finished_) t.finished_small(now);
     }
   };
+  void finished_small(Clock::time_point now);  // a small message finished: last_finished_, the spin's length
+  // How long a waiting caller's run polls after a small message before it blocks: kSpinBeforeBlocking, doubled
+  // (to kSpinAtMost) each time a block turns out premature, back where a wait outlasts that (finished_small).
+  Clock::duration spin_window_{};  // (set by the constructor)
+  Clock::time_point blocked_since_{};  // when this stretch of waiting began to block (none: not blocked)
   int64_t socket_waits_ = 0;  // the caller's receives and sends on sockets not yet tested done (this run's)
   // runs checked on receipt
   int64_t run_ = 0, check_ = 0;  // this rank's latest run and its check (0: none)
