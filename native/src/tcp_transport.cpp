@@ -828,19 +828,6 @@ void TcpTransport::idle(Clock::duration rest, bool messages_only) {
   if (yield_when_idle_) sched_yield();
 }
 
-void TcpTransport::abandon() {
-  piped_.clear();
-  for (Peer& p : peers_) {
-    if (p.fd >= 0) ::close(p.fd);
-    p = Peer{};
-    p.closed = true;
-  }
-  slots_.clear();
-  free_.clear();
-}
-
-// -- runs checked on receipt --------------------------------------------------------------------------------
-
 Clock::duration TcpTransport::next_spin_window(Clock::duration window, Clock::duration spun, Clock::duration blocked) {
   // (too soon only after spinning the window: a call begun long after the last small message blocks at once)
   if (spun <= 2 * window && blocked <= window) return std::min<Clock::duration>(2 * window, kSpinAtMost);
@@ -856,6 +843,19 @@ void TcpTransport::finished_small(Clock::time_point now) {
   last_finished_ = now;
   small_finished_ = false;
 }
+
+void TcpTransport::abandon() {
+  piped_.clear();
+  for (Peer& p : peers_) {
+    if (p.fd >= 0) ::close(p.fd);
+    p = Peer{};
+    p.closed = true;
+  }
+  slots_.clear();
+  free_.clear();
+}
+
+// -- runs checked on receipt --------------------------------------------------------------------------------
 
 void TcpTransport::begin_run(int64_t check, const std::string& label, double timeout_s, int64_t bytes) {
   run_bytes_ = bytes;
