@@ -32,9 +32,10 @@
 // finished, finishes it first (they raised in a later call, where it starts over too).
 //
 // Waiting (idle): a run nobody waits for (rest > 0) blocks in epoll up to 1 ms, or rest where longer; a run its
-// caller waits for (rest 0) polls for 400 us after a small message (64 KiB at most) last finished going out or
-// coming in, then blocks the same way; a run of 8 MiB or more blocks at once. While blocks wait
-// on their hooks (the GPU's staging), never longer than rest.
+// caller waits for (rest 0) polls for a window after a small message (64 KiB at most) last finished going out or
+// coming in, then blocks the same way (400 us at first; doubled, to 3.2 ms, after a block that turned out
+// premature, back to 400 us after a long wait: next_spin_window); a run of 8 MiB or more blocks at once. While
+// blocks wait on their hooks (the GPU's staging), never longer than rest.
 //
 // Set-up is two-step, so that Python decides where to connect: the constructor listens; connect() gets every
 // peer's candidate addresses (already chosen: loopback for a peer on this host) and port, and the job's nonce
